@@ -1,0 +1,5 @@
+import sys
+
+from memfit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Small helpers shared by every layer (errors, byte sizes, atomic writes)."""

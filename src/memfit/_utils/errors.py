@@ -1,0 +1,30 @@
+"""Expected failures: the CLI prints their message as one line and exits 2.
+
+Anything raised as a ``MemfitError`` is the user's to fix (a bad key, a missing file, an
+impossible combination). The message must name the offending key/file/value and, where
+there is a closed set, the valid choices. Everything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class MemfitError(Exception):
+    """Base class for failures caused by the user's input; exit status 2."""
+
+    exit_code = 2
+
+
+class ConfigError(MemfitError):
+    """A configuration key or value is unknown, mistyped or incompatible."""
+
+
+class DataError(MemfitError):
+    """A data file is missing, empty, or has rows without the fields its format needs."""
+
+
+class ModelError(MemfitError):
+    """A model folder, preset or factory cannot be loaded."""
+
+
+class OutOfMemoryPlanError(MemfitError):
+    """Training ran out of memory and no smaller plan fits the budget."""

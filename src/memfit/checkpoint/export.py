@@ -1,0 +1,27 @@
+"""The trained result a user keeps: ``adapter/`` (PEFT format, loads with
+``peft.PeftModel.from_pretrained``) or ``model/`` (a normal Hugging Face folder, or a
+safetensors state dict for plain modules). Written via a staging folder, then renamed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from safetensors.torch import save_file
+from torch import nn
+
+from memfit._utils.atomic import staged_folder
+
+
+def export_trained(run_dir: Path, model: nn.Module, tokenizer: Any | None, has_adapter: bool,
+                   is_transformers: bool) -> Path:
+    final = run_dir / ("adapter" if has_adapter else "model")
+    with staged_folder(final) as folder:
+        if has_adapter or is_transformers:
+            model.save_pretrained(folder, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(folder)
+        else:
+            state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+            save_file(state, folder / "model.safetensors")
+    return final

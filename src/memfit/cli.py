@@ -1,0 +1,143 @@
+"""The ``memfit`` command: argument parsing and printing only; the work is in the library.
+
+Expected failures (``MemfitError``) print one line and exit 2; ``--debug`` shows the
+traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from memfit._utils.errors import MemfitError
+
+DESCRIPTION = "Fine-tune PyTorch models inside the GPU memory you actually have."
+
+
+def _split_arguments(arguments: list[str]) -> tuple[str | None, list[str]]:
+    """``[CONFIG.yaml] [key=value ...]`` -> (config path or None, overrides)."""
+    config_path, overrides = None, []
+    for argument in arguments:
+        if "=" in argument:
+            overrides.append(argument)
+        elif config_path is None:
+            config_path = argument
+        else:
+            raise MemfitError(
+                f"unexpected argument {argument!r}: give one CONFIG.yaml, then key=value overrides"
+            )
+    return config_path, overrides
+
+
+def _resolve_train_config(args: argparse.Namespace):
+    from memfit.config import load_config
+    from memfit.config.load import read_yaml
+
+    config_path, overrides = _split_arguments(args.arguments)
+    if args.resume:
+        saved = Path(args.resume) / "config.yaml"
+        if not saved.is_file():
+            raise MemfitError(f"--resume {args.resume}: no config.yaml there (not a run folder)")
+        if config_path:
+            raise MemfitError("--resume takes its config from the run folder; give only overrides")
+        return load_config(saved, overrides)
+    if config_path is None:
+        # No config file: the built-in demo is the base, overrides apply on top of it.
+        from memfit.demo import demo_config_path
+
+        return load_config(None, overrides, base=read_yaml(demo_config_path()))
+    return load_config(config_path, overrides)
+
+
+def _command_train(args: argparse.Namespace) -> int:
+    from memfit.config import to_yaml
+
+    config = _resolve_train_config(args)
+    if args.print_config:
+        sys.stdout.write(to_yaml(config))
+        return 0
+    from memfit.training.api import train
+
+    result = train(config, resume=args.resume)
+    _print_summary(result.summary, result.output_dir)
+    return 0
+
+
+def _print_summary(summary: dict, run_dir: Path) -> None:
+    print()
+    first, final = summary["first_loss"], summary["final_loss"]
+    if first is not None:
+        print(f"training loss {first:.4f} -> {final:.4f} over {summary['steps']} steps "
+              f"in {summary['train_seconds']:.1f} s on {summary['device']}")
+    if summary["eval_loss_before"] is not None:
+        print(f"eval loss     {summary['eval_loss_before']:.4f} -> "
+              f"{summary['eval_loss_after']:.4f}")
+    print(f"run folder    {run_dir}/")
+    for name, what in [
+        ("config.yaml", "the resolved configuration"),
+        ("metrics.jsonl", "one JSON object per logged step"),
+        ("tensorboard/", f"events: tensorboard --logdir {run_dir}"),
+        ("checkpoints/", f"resumable state: memfit train --resume {run_dir}"),
+        (Path(summary["exported"]).name + "/", "the trained weights"),
+        ("summary.json", "this summary"),
+    ]:
+        if (run_dir / name.rstrip("/")).exists():
+            print(f"  {name:<15} {what}")
+
+
+def _command_env(args: argparse.Namespace) -> int:
+    from memfit.environment import describe
+
+    for name, value in describe():
+        print(f"{name:<24} {value}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from memfit.config.reference import help_text
+
+    parser = argparse.ArgumentParser(prog="memfit", description=DESCRIPTION)
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    train = commands.add_parser(
+        "train", help="fine-tune a model (no arguments: the built-in offline demo)",
+        description="Fine-tune a model. Without CONFIG.yaml the built-in demo is the base "
+                    "config; key=value overrides apply on top.",
+        epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    train.add_argument("arguments", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
+    train.add_argument("--print-config", action="store_true",
+                       help="print the resolved configuration and exit")
+    train.add_argument("--resume", metavar="RUN_DIR",
+                       help="continue the run in RUN_DIR from its newest checkpoint")
+    train.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks for errors")
+    train.set_defaults(handler=_command_train)
+
+    env = commands.add_parser("env", help="versions, devices and which backends work here")
+    env.set_defaults(handler=_command_env)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.handler(args)
+    except MemfitError as error:
+        if args.debug:
+            raise
+        print(f"memfit: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("memfit: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

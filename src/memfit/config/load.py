@@ -1,0 +1,203 @@
+"""YAML + ``section.key=value`` overrides -> a validated, frozen ``Config``.
+
+Unknown keys get a did-you-mean, wrong types name the key and the expected type, and
+closed choices list the valid values. Conversion is driven by the dataclass type hints
+in ``schema.py``, so adding a key there is all it takes to make it loadable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from memfit._utils.errors import ConfigError
+from memfit.config.schema import Config
+
+# Keys holding filesystem paths: relative values written in a YAML file are resolved
+# against that file's folder, so a config and its data can travel together.
+PATH_KEYS = {("model", "path"), ("data", "path")}
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a YAML mapping; malformed or non-mapping files are one-line ConfigErrors."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(error, "problem", None) or "invalid YAML"
+        raise ConfigError(f"config file {path} is not valid YAML{where}: {problem}") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ConfigError(
+            f"config file {path} must be a mapping of sections (model:, data:, ...), "
+            f"not a {type(loaded).__name__}"
+        )
+    _resolve_relative_paths(loaded, path.parent)
+    return loaded
+
+
+def _resolve_relative_paths(raw: dict[str, Any], base: Path) -> None:
+    for section, key in PATH_KEYS:
+        block = raw.get(section)
+        if isinstance(block, dict) and isinstance(block.get(key), str):
+            value = Path(block[key]).expanduser()
+            if not value.is_absolute():
+                block[key] = str((base / value).resolve())
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """``["train.max_steps=10", "adapter.kind=lora"]`` -> nested mapping.
+
+    Values are parsed as YAML scalars/lists (``true``, ``1e-4``, ``[q_proj, v_proj]``).
+    """
+    nested: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, text = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"override {pair!r} must look like section.key=value")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError:
+            value = text
+        parts = key.strip().split(".")
+        node = nested
+        for part in parts[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {pair!r} conflicts with an earlier value for {part}")
+            node = child
+        node[parts[-1]] = value
+    return nested
+
+
+def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge two raw mappings (``update`` wins); neither input is modified."""
+    merged = dict(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def from_mapping(raw: dict[str, Any] | None) -> Config:
+    """Build and validate a Config from a raw mapping (YAML or Python)."""
+    from memfit.config.validate import validate
+
+    config = _build(Config, raw or {}, prefix="")
+    validate(config)
+    return config
+
+
+def load_config(path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None
+                ) -> Config:
+    """The CLI's entry point: ``base`` (e.g. the demo) <- YAML file <- overrides."""
+    raw = dict(base or {})
+    if path is not None:
+        raw = merge(raw, read_yaml(path))
+    raw = merge(raw, parse_overrides(overrides))
+    return from_mapping(raw)
+
+
+def to_mapping(config: Any) -> Any:
+    """A Config (or any part of it) as plain YAML-ready values."""
+    if dataclasses.is_dataclass(config):
+        return {f.name: to_mapping(getattr(config, f.name)) for f in dataclasses.fields(config)}
+    if isinstance(config, Enum):
+        return config.value
+    if isinstance(config, tuple):
+        return [to_mapping(item) for item in config]
+    return config
+
+
+def to_yaml(config: Config) -> str:
+    return yaml.safe_dump(to_mapping(config), sort_keys=False)
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    where = prefix.rstrip(".") or "the config"
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where} must be a mapping of keys, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    for key in raw:
+        if key not in fields:
+            raise ConfigError(_unknown_key_message(f"{prefix}{key}", key, list(fields)))
+    values = {}
+    for name, value in raw.items():
+        values[name] = _convert(hints[name], value, f"{prefix}{name}")
+    return cls(**values)
+
+
+def _unknown_key_message(full_key: str, key: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(key, choices, n=1)
+    hint = f"; did you mean {full_key[: -len(key)]}{close[0]}?" if close else ""
+    return f"unknown key {full_key}{hint} (valid keys here: {', '.join(choices)})"
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
+    """Coerce one raw value to the type hint, or raise a ConfigError naming the key."""
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [arg for arg in args if arg is not type(None)]
+        return _convert(inner, value, key)
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, prefix=f"{key}.")
+    if isinstance(hint, type) and issubclass(hint, Enum):
+        try:
+            return hint(value)
+        except ValueError:
+            choices = ", ".join(member.value for member in hint)
+            raise ConfigError(f"{key}={value!r} is not one of: {choices}") from None
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {value!r}")
+        if len(args) == 2 and args[1] is Ellipsis:
+            return tuple(_convert(args[0], item, key) for item in value)
+        if len(value) != len(args):
+            raise ConfigError(f"{key} must be a list of {len(args)} values, got {value!r}")
+        return tuple(_convert(arg, item, key) for arg, item in zip(args, value))
+    return _convert_scalar(hint, value, key)
+
+
+def _convert_scalar(hint: type, value: Any, key: str) -> Any:
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be true or false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key} must be a whole number, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-4" (no dot) as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{key} must be a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        raise ConfigError(f"{key} must be a string, got {value!r}")
+    raise TypeError(f"config type {hint} of {key} has no converter")

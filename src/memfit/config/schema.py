@@ -1,0 +1,273 @@
+"""The typed configuration: frozen dataclasses whose field docs become `--help` and the
+config reference (docs/config.md). Every key a user can write lives here, once.
+
+Sections mirror the YAML file: ``model``, ``data``, ``adapter``, ``optimizer`` (with
+``optimizer.galore``), ``precision``, ``memory``, ``train``, ``distributed``, ``log``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Choice(str, Enum):
+    """A closed set of strings; ``str(member)`` is the value users write."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class Task(Choice):
+    CAUSAL_LM = "causal-lm"
+    SEQUENCE_CLASSIFICATION = "sequence-classification"
+    AUTOENCODER = "autoencoder"
+    CUSTOM = "custom"
+
+
+class ModelDtype(Choice):
+    FLOAT32 = "float32"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+
+
+class DataFormat(Choice):
+    TEXT = "text"
+    INSTRUCTION = "instruction"
+    CHAT = "chat"
+    TENSORS = "tensors"
+    IMAGES = "images"
+
+
+class AdapterKind(Choice):
+    NONE = "none"
+    LORA = "lora"
+    QLORA = "qlora"
+
+
+class OptimizerName(Choice):
+    ADAMW = "adamw"
+    ADAMW8BIT = "adamw8bit"
+    PAGED_ADAMW8BIT = "paged_adamw8bit"
+    ADAFACTOR = "adafactor"
+    GALORE = "galore"
+    SGD = "sgd"
+
+
+class GaloreProjector(Choice):
+    SVD = "svd"
+    RANDOMIZED_SVD = "randomized_svd"
+    ONLINE = "online"
+    RANDOM = "random"
+
+
+class GaloreInner(Choice):
+    ADAMW = "adamw"
+    ADAMW8BIT = "adamw8bit"
+    ADAFACTOR = "adafactor"
+
+
+class Precision(Choice):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+    BF16_PURE = "bf16-pure"
+
+
+class LrSchedule(Choice):
+    CONSTANT = "constant"
+    LINEAR = "linear"
+    COSINE = "cosine"
+
+
+class DistributedStrategy(Choice):
+    NONE = "none"
+    FSDP = "fsdp"
+
+
+def doc(text: str, **kwargs):
+    """A dataclass field whose help text feeds `--help` and docs/config.md."""
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str | None = doc(
+        "Local Hugging Face model folder (config.json + weights); the Auto class is chosen "
+        "by model.task. One of model.path / model.preset / model.factory.",
+        default=None,
+    )
+    preset: str | None = doc(
+        "Built-in model built from a config with random weights (e.g. tiny-llama), or the "
+        "shipped pretrained demo base 'demo-base'. See `memfit env` for the list.",
+        default=None,
+    )
+    factory: str | None = doc(
+        "'package.module:function' returning an nn.Module. The module's forward(**batch) "
+        "returns a loss tensor (or an object with .loss) unless model.loss is set.",
+        default=None,
+    )
+    loss: str | None = doc(
+        "'package.module:function' called as loss(outputs, batch) -> scalar mean loss, for "
+        "factory models whose forward does not return a loss.",
+        default=None,
+    )
+    task: Task = doc("What the model is trained to do.", default=Task.CAUSAL_LM)
+    dtype: ModelDtype = doc(
+        "Dtype the weights are loaded in (precision=bf16-pure casts them to bfloat16).",
+        default=ModelDtype.FLOAT32,
+    )
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    path: str | None = doc(
+        "Training data: a .jsonl/.json/.csv/.parquet/.txt/.npz/.pt file or a "
+        "datasets.save_to_disk folder. Relative paths in a YAML file are resolved against "
+        "that file's folder.",
+        default=None,
+    )
+    format: DataFormat = doc(
+        "How rows become examples: text (a 'text' field, packed), instruction "
+        "(prompt/response or instruction/input/output; prompt masked out of the loss), chat "
+        "('messages'; only assistant turns in the loss), tensors (named arrays).",
+        default=DataFormat.TEXT,
+    )
+    max_length: int = doc("Tokens per example (truncation) or per packed block.", default=256)
+    eval_fraction: float = doc(
+        "Fraction of rows held out for evaluation, chosen by a seeded shuffle; 0 disables "
+        "evaluation.",
+        default=0.1,
+    )
+    pack: bool = doc(
+        "format=text: concatenate documents and cut them into max_length blocks.", default=True
+    )
+    text_field: str = doc("format=text: the field holding the text.", default="text")
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    kind: AdapterKind = doc(
+        "none (train the weights themselves), lora, or qlora (LoRA on a 4-bit base).",
+        default=AdapterKind.NONE,
+    )
+    rank: int = doc("LoRA rank r.", default=8)
+    alpha: float = doc("LoRA scaling numerator: the update is (alpha / rank) B A.", default=16.0)
+    dropout: float = doc("Dropout on the LoRA input.", default=0.0)
+    targets: tuple[str, ...] = doc(
+        "Which modules get adapters: module names/patterns, or a kind such as all-linear.",
+        default=("all-linear",),
+    )
+
+
+@dataclass(frozen=True)
+class GaloreConfig:
+    rank: int = doc("Rank r of the projected gradient.", default=128)
+    update_gap: int = doc("Optimizer steps between projector refreshes (T).", default=200)
+    scale: float = doc("Scale applied to the projected-back update.", default=0.25)
+    projector: GaloreProjector = doc(
+        "svd, randomized_svd, online (Online Subspace Descent) or random (APOLLO-style).",
+        default=GaloreProjector.RANDOMIZED_SVD,
+    )
+    inner: GaloreInner = doc(
+        "Update applied to the projected gradient: adamw, adamw8bit or adafactor.",
+        default=GaloreInner.ADAMW,
+    )
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    name: OptimizerName = doc("Optimizer.", default=OptimizerName.ADAMW)
+    lr: float = doc("Peak learning rate.", default=2e-4)
+    weight_decay: float = doc(
+        "Decoupled weight decay; never applied to norms, biases or embeddings.", default=0.0
+    )
+    betas: tuple[float, float] = doc("Adam betas.", default=(0.9, 0.999))
+    eps: float = doc("Adam epsilon.", default=1e-8)
+    layerwise: bool = doc(
+        "Step each parameter inside backward so at most one full gradient is alive "
+        "(gradient accumulation still works).",
+        default=False,
+    )
+    galore: GaloreConfig = doc("GaLore family settings (optimizer.name=galore).",
+                               default_factory=GaloreConfig)
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    gradient_checkpointing: bool = doc(
+        "Recompute activations in backward instead of keeping them.", default=False
+    )
+    activation_offload: bool = doc("Keep saved activations in host memory.", default=False)
+    optimizer_offload: bool = doc("Keep optimizer state in host memory.", default=False)
+    chunked_loss: bool = doc(
+        "Compute the LM loss in sequence chunks, never materialising full fp32 logits.",
+        default=False,
+    )
+    budget: str | None = doc(
+        "Device memory budget, e.g. 24GiB, 512MiB, 16GB or a byte count. On CPU it is "
+        "enforced by the tensor tracker (a simulated device).",
+        default=None,
+    )
+    auto: bool = doc("Apply the planner's recommended strategy for memory.budget.",
+                     default=False)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    micro_batch_size: int = doc("Examples per forward/backward pass.", default=4)
+    gradient_accumulation_steps: int = doc(
+        "Micro-batches per optimizer step; the loss is normalised over all tokens of the "
+        "effective batch.",
+        default=1,
+    )
+    max_steps: int | None = doc(
+        "Optimizer steps to run; when unset, train.epochs decides.", default=None
+    )
+    epochs: float = doc("Passes over the training set when max_steps is unset.", default=1.0)
+    lr_schedule: LrSchedule = doc("Learning-rate schedule after warmup.",
+                                  default=LrSchedule.COSINE)
+    warmup_steps: int = doc("Linear warmup steps from 0 to optimizer.lr.", default=0)
+    max_grad_norm: float | None = doc(
+        "Clip the global gradient norm to this value; unset disables clipping.", default=1.0
+    )
+    eval_every: int = doc("Evaluate every N optimizer steps (0: only at the end).", default=0)
+    save_every: int = doc("Save a checkpoint every N optimizer steps (0: only at the end).",
+                          default=0)
+    keep_checkpoints: int = doc("How many of the newest checkpoints to keep.", default=2)
+    seed: int = doc("Seed for weights, data order and dropout.", default=0)
+    output_dir: str | None = doc(
+        "Run folder; default runs/<date>-<time> under the current directory.", default=None
+    )
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    strategy: DistributedStrategy = doc("none or fsdp (FSDP2 via torchrun).",
+                                        default=DistributedStrategy.NONE)
+    nproc: int = doc("Processes to launch on this machine.", default=1)
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    tensorboard: bool = doc("Write TensorBoard events to the run folder.", default=True)
+    progress: bool = doc("Show a progress bar.", default=True)
+    every: int = doc("Log metrics every N optimizer steps.", default=1)
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = doc("The model to fine-tune.", default_factory=ModelConfig)
+    data: DataConfig = doc("The training data.", default_factory=DataConfig)
+    adapter: AdapterConfig = doc("Adapters (LoRA / QLoRA).", default_factory=AdapterConfig)
+    optimizer: OptimizerConfig = doc("The optimizer.", default_factory=OptimizerConfig)
+    precision: Precision = doc(
+        "fp32; bf16 or fp16 autocast (fp16 with a gradient scaler); bf16-pure (bf16 "
+        "weights, no fp32 master copy).",
+        default=Precision.FP32,
+    )
+    memory: MemoryConfig = doc("Memory-saving techniques.", default_factory=MemoryConfig)
+    train: TrainConfig = doc("The training loop.", default_factory=TrainConfig)
+    distributed: DistributedConfig = doc("Multi-process training.",
+                                         default_factory=DistributedConfig)
+    log: LogConfig = doc("Logging.", default_factory=LogConfig)

@@ -1,0 +1,71 @@
+"""What ``memfit env`` reports: versions, devices, and which optional backends actually
+work on this machine (each is tried for real on a tiny tensor, not guessed)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+from collections.abc import Callable
+
+import torch
+
+PACKAGES = ["memfit", "torch", "transformers", "peft", "bitsandbytes", "datasets",
+            "safetensors", "tensorboard"]
+
+
+def _version(package: str) -> str:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _works(probe: Callable[[], object]) -> str:
+    try:
+        probe()
+    except Exception as error:  # report any failure of the probe; that is its purpose
+        return f"no ({type(error).__name__}: {str(error).splitlines()[0][:80]})"
+    return "yes"
+
+
+def _bnb_4bit(device: str) -> None:
+    import bitsandbytes.functional as bnbf
+
+    weights = torch.randn(64, 64, device=device)
+    packed, state = bnbf.quantize_4bit(weights, quant_type="nf4")
+    bnbf.dequantize_4bit(packed, state)
+
+
+def _bnb_8bit_optimizer(device: str) -> None:
+    import bitsandbytes as bnb
+
+    parameter = torch.nn.Parameter(torch.randn(64, 64, device=device))
+    parameter.grad = torch.randn_like(parameter)
+    bnb.optim.AdamW8bit([parameter]).step()
+
+
+def _cpu_bf16_autocast() -> None:
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        torch.randn(8, 8) @ torch.randn(8, 8)
+
+
+def describe() -> list[tuple[str, str]]:
+    from memfit.models.presets import preset_names
+
+    rows = [("python", platform.python_version()), ("platform", platform.platform())]
+    rows += [(package, _version(package)) for package in PACKAGES]
+    cuda = torch.cuda.is_available()
+    rows.append(("cuda", f"yes ({torch.cuda.device_count()} device(s): "
+                         f"{torch.cuda.get_device_name(0)})" if cuda else "no"))
+    if cuda:
+        rows.append(("cuda bf16", "yes" if torch.cuda.is_bf16_supported() else "no"))
+    rows.append(("cpu bf16 autocast", _works(_cpu_bf16_autocast)))
+    rows.append(("bitsandbytes 4-bit cpu", _works(lambda: _bnb_4bit("cpu"))))
+    rows.append(("bitsandbytes 8-bit optim cpu", _works(lambda: _bnb_8bit_optimizer("cpu"))))
+    if cuda:
+        rows.append(("bitsandbytes 4-bit cuda", _works(lambda: _bnb_4bit("cuda"))))
+        rows.append(("bitsandbytes 8-bit optim cuda",
+                     _works(lambda: _bnb_8bit_optimizer("cuda"))))
+    rows.append(("distributed gloo", "yes" if torch.distributed.is_gloo_available() else "no"))
+    rows.append(("presets", ", ".join(preset_names())))
+    return rows

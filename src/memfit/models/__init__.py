@@ -1,0 +1,1 @@
+"""Models: presets, loading from folders/presets/factories, tokenizers."""

@@ -1,0 +1,1 @@
+"""Memory techniques, one file each; techniques never import each other."""

@@ -1,0 +1,1 @@
+"""Training: assemble the techniques (build) and run the explicit loop (loop)."""

@@ -1,0 +1,108 @@
+"""``memfit.train(config)``: the Python entry point the CLI is a thin layer over.
+
+Builds everything first (so bad input fails before anything is written), then creates the
+run folder, trains, exports the result and writes ``summary.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from memfit._utils.atomic import write_text
+from memfit._utils.errors import ConfigError
+from memfit.checkpoint import TrainerState, latest_checkpoint, load_checkpoint
+from memfit.checkpoint.export import export_trained
+from memfit.config import Config, from_mapping, to_yaml
+from memfit.config.load import read_yaml
+from memfit.config.schema import AdapterKind
+from memfit.monitor.metrics import MetricsLogger
+from memfit.monitor.progress import ProgressBar
+from memfit.training.build import build_run
+from memfit.training.loop import train_steps
+
+
+@dataclass
+class RunResult:
+    output_dir: Path
+    steps: int
+    losses: dict[int, float] = field(default_factory=dict)
+    eval_losses: dict[int, float] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+def _as_config(config: Config | dict | str | Path) -> Config:
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, (str, Path)):
+        return from_mapping(read_yaml(config))
+    return from_mapping(config)
+
+
+def _new_run_dir(config: Config) -> Path:
+    if config.train.output_dir:
+        run_dir = Path(config.train.output_dir)
+        if (run_dir / "config.yaml").exists():
+            raise ConfigError(
+                f"train.output_dir={run_dir} already holds a run; resume it with "
+                f"--resume {run_dir} or choose another folder"
+            )
+        return run_dir
+    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+
+
+def train(config: Config | dict | str | Path, resume: str | Path | None = None) -> RunResult:
+    """Train from a Config, a mapping shaped like the YAML file, or a YAML path.
+
+    ``resume``: a run folder; training continues from its newest checkpoint.
+    """
+    config = _as_config(config)
+    run = build_run(config)
+    if resume is not None:
+        run_dir = Path(resume)
+        checkpoint = latest_checkpoint(run_dir)
+        if checkpoint is None:
+            raise ConfigError(f"--resume {run_dir}: no checkpoint under {run_dir / 'checkpoints'}")
+        state = load_checkpoint(checkpoint, run.model, run.optimizer, run.scheduler, run.scaler)
+    else:
+        run_dir = _new_run_dir(config)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        state = TrainerState()
+    write_text(run_dir / "config.yaml", to_yaml(config))
+
+    logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
+    bar = ProgressBar(run.total_steps, state.step, enabled=config.log.progress)
+    try:
+        result = train_steps(run, run_dir, state, logger, on_step=bar.update)
+    finally:
+        bar.close()
+        logger.close()
+    has_adapter = config.adapter.kind is not AdapterKind.NONE
+    exported = export_trained(run_dir, run.model, run.tokenizer, has_adapter, run.is_transformers)
+    summary = _summary(run, result, run_dir, exported)
+    write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    return RunResult(run_dir, result.state.step, result.losses, result.eval_losses, summary)
+
+
+def _summary(run, result, run_dir: Path, exported: Path) -> dict[str, Any]:
+    trainable = sum(p.numel() for p in run.trainable_parameters)
+    total = sum(p.numel() for p in run.model.parameters())
+    losses = [result.losses[step] for step in sorted(result.losses)]
+    evals = result.eval_losses
+    return {
+        "output_dir": str(run_dir),
+        "steps": result.state.step,
+        "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None,
+        "eval_loss_before": evals.get(0),
+        "eval_loss_after": evals[max(evals)] if evals else None,
+        "tokens": result.state.tokens,
+        "train_seconds": result.state.elapsed_seconds,
+        "trainable_parameters": trainable,
+        "total_parameters": total,
+        "device": str(run.device),
+        "exported": str(exported),
+    }

@@ -1,0 +1,48 @@
+"""A resumable stream of micro-batches.
+
+The order is the concatenation of one seeded permutation per epoch, read
+``micro_batch_size`` examples at a time (a micro-batch may straddle two epochs). Its whole
+state is one number — examples consumed — so a resumed run reads exactly the batches an
+uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+
+class BatchStream:
+    def __init__(self, dataset: Sequence, micro_batch_size: int, seed: int,
+                 collate: Callable[[list], dict[str, torch.Tensor]], consumed: int = 0):
+        self.dataset = dataset
+        self.micro_batch_size = micro_batch_size
+        self.seed = seed
+        self.collate = collate
+        self.consumed = consumed
+        self._epoch = -1
+        self._order: list[int] = []
+
+    @property
+    def epoch(self) -> float:
+        return self.consumed / len(self.dataset)
+
+    def _index(self, position: int) -> int:
+        epoch, offset = divmod(position, len(self.dataset))
+        if epoch != self._epoch:
+            generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
+            self._order = torch.randperm(len(self.dataset), generator=generator).tolist()
+            self._epoch = epoch
+        return self._order[offset]
+
+    def next_batch(self) -> dict[str, torch.Tensor]:
+        indices = [self._index(self.consumed + i) for i in range(self.micro_batch_size)]
+        self.consumed += self.micro_batch_size
+        return self.collate([self.dataset[i] for i in indices])
+
+
+def eval_batches(dataset: Sequence, batch_size: int,
+                 collate: Callable[[list], dict[str, torch.Tensor]]):
+    for start in range(0, len(dataset), batch_size):
+        yield collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])

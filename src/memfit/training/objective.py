@@ -1,0 +1,66 @@
+"""The loss of one micro-batch, as a SUM with its item count, so the loop can normalise
+over the whole effective batch (all tokens of all micro-batches of one optimizer step),
+not average per-micro-batch means (transformers PR #34191 explains the bias that causes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memfit.data import count_loss_tokens
+
+IGNORE_INDEX = -100
+
+
+def causal_lm_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Summed next-token cross-entropy over label positions that are not -100."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    # logits: [batch, seq, vocab]; position t predicts token t+1.
+    shifted_logits = logits[:, :-1].float()
+    shifted_labels = batch["labels"][:, 1:]
+    return F.cross_entropy(shifted_logits.reshape(-1, shifted_logits.size(-1)),
+                           shifted_labels.reshape(-1), ignore_index=IGNORE_INDEX,
+                           reduction="sum")
+
+
+def module_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],
+                    loss_function: Callable[[Any, dict], torch.Tensor] | None) -> torch.Tensor:
+    """Factory models: forward(**batch) returns a mean loss (or outputs for model.loss);
+    scaled by the batch size so micro-batches of different sizes weigh fairly."""
+    outputs = model(**batch)
+    if loss_function is not None:
+        loss = loss_function(outputs, batch)
+    else:
+        loss = outputs if isinstance(outputs, torch.Tensor) else getattr(outputs, "loss", None)
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+        raise TypeError(
+            "a model.factory model must return a scalar loss tensor (or an object with .loss) "
+            "from forward(**batch), or name model.loss"
+        )
+    return loss * example_count(batch)
+
+
+def example_count(batch: dict[str, torch.Tensor]) -> int:
+    return next(iter(batch.values())).shape[0]
+
+
+class Objective:
+    """Loss sum and item count for one micro-batch, whatever the model kind."""
+
+    def __init__(self, causal_lm: bool,
+                 loss_function: Callable[[Any, dict], torch.Tensor] | None = None):
+        self.causal_lm = causal_lm
+        self.loss_function = loss_function
+
+    def count(self, batch: dict[str, torch.Tensor]) -> int:
+        return count_loss_tokens(batch) if self.causal_lm else example_count(batch)
+
+    def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.causal_lm:
+            return causal_lm_loss_sum(model, batch)
+        return module_loss_sum(model, batch, self.loss_function)
