@@ -44,7 +44,7 @@ def _resolve_train_config(args: argparse.Namespace):
         return load_config(saved, overrides)
     if config_path is None:
         # No config file: the built-in demo is the base, overrides apply on top of it.
-        from memfit.demo import demo_config_path
+        from memfit.demo.defaults import demo_config_path
 
         return load_config(None, overrides, base=read_yaml(demo_config_path()))
     return load_config(config_path, overrides)

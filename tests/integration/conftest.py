@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 HERE = Path(__file__).resolve().parent
 
@@ -43,7 +44,18 @@ def run_cli(*arguments: str, cwd: Path, timeout: float = 600) -> subprocess.Comp
                           capture_output=True, text=True, env=cli_env(), timeout=timeout)
 
 
+def write_config(path: Path, mapping: dict) -> Path:
+    path.write_text(yaml.safe_dump(mapping))
+    return path
+
+
 def tiny_run_arguments(data: Path, output_dir: Path, *extra: str) -> list[str]:
-    return ["model.path=null", "model.preset=tiny-llama", f"data.path={data}",
-            "data.format=instruction", "data.max_length=64", f"train.output_dir={output_dir}",
-            "log.progress=false", *extra]
+    """A config file for the tiny Llama preset on ``data`` (written beside the run folder),
+    followed by ``extra`` key=value overrides."""
+    config = output_dir.parent / f"{output_dir.name}.yaml"
+    config.write_text(
+        "model: {preset: tiny-llama}\n"
+        f"data: {{path: {data}, format: instruction, max_length: 64}}\n"
+        f"train: {{output_dir: {output_dir}}}\n"
+        "log: {progress: false}\n")
+    return [str(config), *extra]

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, tiny_run_arguments
+from conftest import run_cli, tiny_run_arguments, write_config
 
 
 def expect_clean_error(tmp_path: Path, arguments: list[str], *fragments: str) -> None:
@@ -71,10 +71,11 @@ def test_all_labels_masked(tmp_path: Path):
 ])
 def test_factory_that_cannot_be_imported(tmp_path: Path, factory: str, fragment: str):
     (tmp_path / "t.npz").write_bytes(b"")
-    arguments = ["model.preset=null", f"model.factory={factory}", "model.task=custom",
-                 "data.format=tensors", f"data.path={tmp_path / 't.npz'}",
-                 f"train.output_dir={tmp_path / 'out'}"]
-    expect_clean_error(tmp_path, arguments, "model.factory", fragment)
+    config = write_config(tmp_path / "factory.yaml", {
+        "model": {"factory": factory, "task": "custom"},
+        "data": {"path": str(tmp_path / "t.npz"), "format": "tensors"},
+        "train": {"output_dir": str(tmp_path / "out")}})
+    expect_clean_error(tmp_path, [str(config)], "model.factory", fragment)
 
 
 def test_debug_shows_the_traceback(tmp_path: Path, instructions: Path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli_env, run_cli, tiny_run_arguments
+from conftest import cli_env, run_cli, tiny_run_arguments, write_config
 from factories import write_regression_data
 from safetensors.torch import load_file
 
@@ -21,11 +21,13 @@ from memfit.monitor.metrics import losses_by_step, read_metrics
 
 
 def regression_arguments(data: Path, output_dir: Path) -> list[str]:
-    return ["model.preset=null", "model.factory=factories:slow_regressor", "model.task=custom",
-            "data.format=tensors", f"data.path={data}", "data.eval_fraction=0.25",
-            "train.max_steps=14", "train.micro_batch_size=4", "train.save_every=3",
-            "train.eval_every=5", "optimizer.lr=1e-2", f"train.output_dir={output_dir}",
-            "log.progress=false"]
+    config = write_config(output_dir.parent / f"{output_dir.name}.yaml", {
+        "model": {"factory": "factories:slow_regressor", "task": "custom"},
+        "data": {"path": str(data), "format": "tensors", "eval_fraction": 0.25},
+        "train": {"max_steps": 14, "micro_batch_size": 4, "save_every": 3, "eval_every": 5,
+                  "output_dir": str(output_dir)},
+        "optimizer": {"lr": 1e-2}, "log": {"progress": False}})
+    return [str(config)]
 
 
 def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path):

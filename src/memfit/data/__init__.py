@@ -1,0 +1,13 @@
+"""Data: local files -> tokenized, split, packed examples -> padded batches.
+
+``build_datasets(data_cfg, tokenizer, seed)`` reads ``data_cfg.path`` in one of the formats
+"text", "instruction", "chat" or "tensors" and returns ``Splits(train, eval)``;
+``collate`` pads a list of examples into a batch; ``count_loss_tokens`` counts what a
+causal-LM loss will average over. See each format's module for its template.
+"""
+
+from memfit.data.build import FORMATS, Splits, build_datasets
+from memfit.data.collate import collate, count_loss_tokens
+from memfit.data.tokens import IGNORE_INDEX
+
+__all__ = ["FORMATS", "IGNORE_INDEX", "Splits", "build_datasets", "collate", "count_loss_tokens"]

@@ -1,0 +1,145 @@
+"""``build_datasets``: a data config and a tokenizer -> train and eval datasets.
+
+The order is fixed: read the rows, split them into train and eval by a seeded shuffle,
+then tokenize and truncate or pack each split on its own, so no document straddles the
+two splits.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, Protocol
+
+import torch
+
+from memfit._utils.errors import DataError
+from memfit.data import chat, instruction, text
+from memfit.data.read import Row, data_files, holds_tensors, iter_rows, read_rows
+from memfit.data.tensors import TensorDictDataset, read_tensors
+from memfit.data.tokens import Encoded, to_examples, warn_or_raise_on_dropped
+
+FORMATS = ("text", "instruction", "chat", "tensors")
+
+
+class DataSettings(Protocol):
+    """The fields of ``memfit.config.schema.DataConfig`` that this package reads.
+
+    Properties, so that a frozen dataclass (read-only fields) satisfies the protocol.
+    """
+
+    @property
+    def path(self) -> str | os.PathLike[str] | None: ...
+    @property
+    def format(self) -> str | Enum: ...
+    @property
+    def max_length(self) -> int: ...
+    @property
+    def eval_fraction(self) -> float: ...
+    @property
+    def pack(self) -> bool: ...
+    @property
+    def text_field(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Map-style datasets (``len()``, ``[i] -> dict[str, Tensor]``); eval may be empty."""
+
+    train: torch.utils.data.Dataset
+    eval: torch.utils.data.Dataset
+
+
+def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0) -> Splits:
+    """Read ``data_cfg.path`` in ``data_cfg.format`` and split it into train and eval.
+
+    ``tokenizer`` is a ``transformers`` tokenizer; it may be None for format "tensors".
+    Raises DataError for a missing/empty/unreadable file, an unknown format or extension,
+    a row without the fields its format needs, or no example left to train on.
+    """
+    name = format_name(data_cfg.format)
+    if data_cfg.max_length < 1:
+        raise DataError(f"data.max_length must be at least 1, got {data_cfg.max_length}")
+    if data_cfg.path is None:
+        raise DataError(f"data.path is not set; give a data file or folder for format '{name}'")
+    files = data_files(str(data_cfg.path))
+    tensor_files = holds_tensors(files)
+    if (name == "tensors") != tensor_files:
+        raise DataError(
+            f"data.path {data_cfg.path} holds {'tensors' if tensor_files else 'rows'} but "
+            f"data.format is '{name}'; .npz/.pt files go with format 'tensors', "
+            "row files (.jsonl/.json/.csv/.parquet/.txt, save_to_disk folders) with the others"
+        )
+    if name == "tensors":
+        tensors = read_tensors(files)
+        train, held_out = split_indices(
+            len(next(iter(tensors.values()))), data_cfg.eval_fraction, seed
+        )
+        return Splits(
+            TensorDictDataset(tensors, torch.tensor(train, dtype=torch.long)),
+            TensorDictDataset(tensors, torch.tensor(held_out, dtype=torch.long)),
+        )
+    if tokenizer is None:
+        raise DataError(
+            f"data.format '{name}' needs a tokenizer and none was given; "
+            "a model without one can only train on data.format 'tensors'"
+        )
+    sources = read_rows(files, txt_field=data_cfg.text_field)
+    encode = _encoder(name, tokenizer, data_cfg.text_field)
+    train, held_out = split_indices(
+        sum(len(s.table) for s in sources), data_cfg.eval_fraction, seed
+    )
+    pack = name == "text" and data_cfg.pack
+    train_set, train_rows, train_dropped = to_examples(
+        (encode(rows) for rows in iter_rows(sources, train)), data_cfg.max_length, pack
+    )
+    eval_set, eval_rows, eval_dropped = to_examples(
+        (encode(rows) for rows in iter_rows(sources, held_out)), data_cfg.max_length, pack
+    )
+    warn_or_raise_on_dropped(
+        train_dropped + eval_dropped, train_rows + eval_rows, len(train_set), data_cfg.max_length
+    )
+    return Splits(train_set, eval_set)
+
+
+def format_name(value: str | Enum) -> str:
+    """The format as its plain string, from a string or the config's str Enum."""
+    name = str(value.value if isinstance(value, Enum) else value)
+    if name not in FORMATS:
+        raise DataError(f"data.format '{name}' is unknown; choose one of {', '.join(FORMATS)}")
+    return name
+
+
+def split_indices(count: int, eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Row indices for train and eval, each ascending; eval is a seeded random sample.
+
+    The eval size is ``round(count * eval_fraction)``, at least 1 when the fraction is
+    above 0, and always leaves at least one row to train on.
+    """
+    if not 0 <= eval_fraction < 1:
+        raise DataError(f"data.eval_fraction must be in [0, 1), got {eval_fraction}")
+    if eval_fraction == 0:
+        return list(range(count)), []
+    if count < 2:
+        raise DataError(
+            f"data.eval_fraction={eval_fraction} needs at least 2 rows (documents) to split, "
+            f"found {count}; set data.eval_fraction=0 or add rows"
+        )
+    eval_count = min(max(round(count * eval_fraction), 1), count - 1)
+    order = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+    held_out = sorted(order[:eval_count].tolist())
+    train = sorted(order[eval_count:].tolist())
+    return train, held_out
+
+
+def _encoder(
+    name: str, tokenizer: Any, text_field: str
+) -> Callable[[Sequence[Row]], list[Encoded]]:
+    if name == "text":
+        return functools.partial(text.encode, tokenizer=tokenizer, text_field=text_field)
+    if name == "instruction":
+        return functools.partial(instruction.encode, tokenizer=tokenizer)
+    return functools.partial(chat.encode, tokenizer=tokenizer)
