@@ -23,7 +23,7 @@ def _version(package: str) -> str:
 def _works(probe: Callable[[], object]) -> str:
     try:
         probe()
-    except Exception as error:  # report any failure of the probe; that is its purpose
+    except Exception as error:  # noqa: BLE001 -- any failure of the probe is its answer
         return f"no ({type(error).__name__}: {str(error).splitlines()[0][:80]})"
     return "yes"
 

@@ -174,7 +174,7 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
             return tuple(_convert(args[0], item, key) for item in value)
         if len(value) != len(args):
             raise ConfigError(f"{key} must be a list of {len(args)} values, got {value!r}")
-        return tuple(_convert(arg, item, key) for arg, item in zip(args, value))
+        return tuple(_convert(arg, item, key) for arg, item in zip(args, value, strict=True))
     return _convert_scalar(hint, value, key)
 
 

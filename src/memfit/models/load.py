@@ -49,7 +49,7 @@ def import_object(reference: str, key: str) -> Any:
     module_name, _, attribute = reference.partition(":")
     try:
         module = importlib.import_module(module_name)
-    except Exception as error:  # any import-time failure is the user's module's
+    except Exception as error:  # noqa: BLE001 -- import-time failures are the user module's
         raise ModelError(f"{key}={reference!r}: cannot import {module_name!r} ({error})") from None
     if not hasattr(module, attribute):
         raise ModelError(f"{key}={reference!r}: module {module_name!r} has no {attribute!r}")
@@ -107,7 +107,7 @@ def _from_factory(config: ModelConfig, dtype: torch.dtype) -> LoadedModel:
     factory = import_object(config.factory, "model.factory")
     try:
         model = factory()
-    except Exception as error:  # the user's code failed; say where
+    except Exception as error:  # noqa: BLE001 -- the user's factory failed; say where
         raise ModelError(f"model.factory={config.factory!r} raised {error!r}") from None
     if not isinstance(model, nn.Module):
         raise ModelError(

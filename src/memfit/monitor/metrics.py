@@ -29,7 +29,8 @@ class MetricsLogger:
         if self._writer is not None:
             step = record["step"]
             for key, value in record.items():
-                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                numeric = isinstance(value, (int, float)) and not isinstance(value, bool)
+                if key != "step" and numeric:
                     group = "eval" if key.startswith("eval_") else "train"
                     self._writer.add_scalar(f"{group}/{key}", value, step)
             self._writer.flush()
