@@ -1,0 +1,258 @@
+"""Layer-wise updates: each parameter is stepped inside backward, as soon as its gradient
+is complete, so at most one full-size gradient is alive at a time.
+
+    optimizer = LayerwiseOptimizer(model.parameters(),
+                                   make_optimizer=lambda groups: GaLore(groups, rank=64),
+                                   gradient_accumulation_steps=4, max_grad_norm=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, ...)
+    for step_batches in loader:                      # 4 micro-batches per optimizer step
+        for index, micro_batch in enumerate(step_batches):
+            optimizer.begin_micro_batch(index)       # required when accumulating
+            loss_fn(model, micro_batch).backward()   # hooks accumulate, or step on the last
+        optimizer.step()                             # publishes grad_norm; no update
+        scheduler.step()
+        optimizer.zero_grad()
+
+`make_optimizer` is called once per parameter with one group (the user's group options
+and that single parameter). Hyperparameters live in this wrapper's param_groups; before
+each inner step they are copied into the inner optimizer, so LR schedulers work. An inner
+optimizer with a `seed` option gets seed + the parameter's index, which reproduces the
+random streams of one optimizer built over all parameters.
+
+Gradient accumulation: on micro-batches 0..N-2 each hook moves p.grad into a buffer and
+frees p.grad; on micro-batch N-1 the hook adds the buffer and steps. Buffers are full-size
+(the gradient's dtype), except for GaLore-projected parameters (svd, randomized_svd,
+online), whose buffer is the fp32 projected gradient R = P^T G (r x l). Because the SVD
+needs a full gradient, `projector_refresh` decides what happens on steps that compute a
+new P:
+  "micro_batch"    (default) P is computed from the first micro-batch's gradient, then
+                   every micro-batch is projected with it; buffers stay r x l on every step.
+                   Exactly projected Adam on the accumulated gradient; P is estimated from
+                   1/N of the batch.
+  "full_gradient"  on those steps the parameter accumulates its full gradient instead, so
+                   P comes from the whole batch and training equals the ordinary loop; the
+                   buffers are full-size on refresh steps (all parameters on the first step).
+
+Clipping (max_grad_norm): per tensor. Each parameter's accumulated gradient (for projected
+GaLore parameters, the accumulated R) is scaled by min(1, max_grad_norm / ||g||) just before
+its inner step — exactly clip_grad_norm_ applied to that tensor alone. A global norm is
+not known until backward ends, after most parameters were stepped. `grad_norm` reports
+the pre-clip global norm sqrt(sum ||g||^2) over the gradients the inner optimizers consumed
+(for accumulated projected GaLore parameters that is ||R||, a lower bound on ||G||).
+
+fp16 with torch.amp.GradScaler is not supported: gradients are consumed before the scaler
+could unscale them or check them for inf. Reject that combination at config time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, Literal
+
+import torch
+from torch.optim import Optimizer
+
+from memfit._utils.errors import ConfigError
+from memfit.optim.galore import GaLore
+
+REFRESH_CHOICES: tuple[str, ...] = ("micro_batch", "full_gradient")
+
+
+class LayerwiseOptimizer(Optimizer):
+    """Optimizer-in-backward wrapper over one inner optimizer per parameter."""
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        make_optimizer: Callable[[list[dict[str, Any]]], Optimizer],
+        gradient_accumulation_steps: int = 1,
+        max_grad_norm: float | None = None,
+        projector_refresh: Literal["micro_batch", "full_gradient"] = "micro_batch",
+    ) -> None:
+        if not isinstance(gradient_accumulation_steps, int) or gradient_accumulation_steps < 1:
+            raise ConfigError(
+                f"gradient_accumulation_steps={gradient_accumulation_steps!r} must be an "
+                "integer >= 1"
+            )
+        if max_grad_norm is not None and not max_grad_norm > 0:
+            raise ConfigError(f"max_grad_norm={max_grad_norm!r} must be > 0 or None")
+        if projector_refresh not in REFRESH_CHOICES:
+            raise ConfigError(
+                f"projector_refresh={projector_refresh!r} is not one of: "
+                + ", ".join(REFRESH_CHOICES)
+            )
+        self.gradient_accumulation_steps = gradient_accumulation_steps
+        self.max_grad_norm = max_grad_norm
+        self.projector_refresh = projector_refresh
+        self.grad_norm: float | None = None
+        self._micro_batch: int | None = None
+        self._buffers: dict[int, torch.Tensor] = {}
+        # 0-d fp32 tensors, one per stepped parameter; summed (one host sync) in step().
+        self._squared_norms: list[torch.Tensor] = []
+
+        user_groups = list(params)
+        if user_groups and not isinstance(user_groups[0], dict):
+            user_groups = [{"params": user_groups}]
+        self._optimizers: list[Optimizer] = []
+        outer_groups = []
+        for user_group in user_groups:
+            options = {k: v for k, v in user_group.items() if k != "params"}
+            group_params = list(user_group["params"])
+            for param in group_params:
+                inner = make_optimizer([{**options, "params": [param]}])
+                if "seed" in inner.param_groups[0]:
+                    inner.param_groups[0]["seed"] += len(self._optimizers)
+                self._optimizers.append(inner)
+            if group_params:
+                first = self._optimizers[len(self._optimizers) - len(group_params)]
+                hyper = {k: v for k, v in first.param_groups[0].items() if k != "params"}
+                if "seed" in hyper:
+                    hyper["seed"] -= len(self._optimizers) - len(group_params)
+                outer_groups.append({**hyper, "params": group_params})
+        super().__init__(outer_groups, defaults={})
+        self._params = [p for group in self.param_groups for p in group["params"]]
+        self._group_of = [group for group in self.param_groups for _ in group["params"]]
+        for index, param in enumerate(self._params):
+            if param.requires_grad:
+                param.register_post_accumulate_grad_hook(self._make_hook(index))
+
+    @property
+    def inner_optimizers(self) -> list[Optimizer]:
+        """The per-parameter optimizers, in parameter order."""
+        return list(self._optimizers)
+
+    def begin_micro_batch(self, index: int) -> None:
+        """Declare that the next backward is micro-batch `index` of
+        0..gradient_accumulation_steps-1; the last one steps the parameters."""
+        if not 0 <= index < self.gradient_accumulation_steps:
+            raise ValueError(
+                f"micro-batch index {index} is outside 0..{self.gradient_accumulation_steps - 1}"
+            )
+        self._micro_batch = index
+
+    def accumulation_buffer_bytes(self) -> int:
+        """Peak bytes the accumulation buffers reach (0 without accumulation)."""
+        if self.gradient_accumulation_steps == 1:
+            return 0
+        total = 0
+        for index, param in enumerate(self._params):
+            shape = self._projected_shape(index, param)
+            if shape is not None and self.projector_refresh == "micro_batch":
+                total += math.prod(shape) * 4  # fp32 R
+            else:
+                total += param.numel() * param.element_size()
+        return total
+
+    def _projected_shape(self, index: int, param: torch.Tensor) -> torch.Size | None:
+        inner = self._optimizers[index]
+        return inner.accumulation_shape(param) if isinstance(inner, GaLore) else None
+
+    def _uses_projected_buffer(self, index: int, param: torch.Tensor) -> bool:
+        if self.gradient_accumulation_steps == 1 or self._projected_shape(index, param) is None:
+            return False
+        if self.projector_refresh == "micro_batch":
+            return True
+        return not self._optimizers[index].refresh_pending(param)
+
+    def _make_hook(self, index: int) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            self._on_gradient(index, param)
+
+        return hook
+
+    @torch.no_grad()
+    def _on_gradient(self, index: int, param: torch.Tensor) -> None:
+        if self.gradient_accumulation_steps > 1 and self._micro_batch is None:
+            raise RuntimeError(
+                "LayerwiseOptimizer: call begin_micro_batch(index) before each backward when "
+                "gradient_accumulation_steps > 1"
+            )
+        grad, param.grad = param.grad, None
+        projected = self._uses_projected_buffer(index, param)
+        if projected:
+            grad = self._optimizers[index].project_gradient(param, grad)
+        buffer = self._buffers.pop(index, None)
+        if buffer is not None:
+            grad = buffer.add_(grad)
+        if (
+            self._micro_batch is not None
+            and self._micro_batch < self.gradient_accumulation_steps - 1
+        ):
+            self._buffers[index] = grad
+            return
+        norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
+        self._squared_norms.append(norm.square())
+        if self.max_grad_norm is not None:
+            # Same coefficient as clip_grad_norm_, as a tensor so the hook never syncs.
+            grad.mul_(torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0))
+        self._step_inner(index, param, grad, projected)
+
+    def _step_inner(
+        self, index: int, param: torch.Tensor, grad: torch.Tensor, projected: bool
+    ) -> None:
+        inner = self._optimizers[index]
+        inner_group = inner.param_groups[0]
+        for key, value in self._group_of[index].items():
+            if key != "params":
+                inner_group[key] = value + index if key == "seed" else value
+        if projected:
+            inner.step_projected(param, grad)
+        else:
+            param.grad = grad
+            inner.step()
+            param.grad = None
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """End of an optimizer step: the updates already ran inside backward.
+
+        Runs `closure` (whose backward triggers the hooks) if given, publishes grad_norm
+        and checks no micro-batch gradient was left in a buffer (a loop whose last
+        begin_micro_batch index was not gradient_accumulation_steps - 1).
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self._buffers:
+            raise RuntimeError(
+                f"LayerwiseOptimizer.step() with {len(self._buffers)} gradients still "
+                f"accumulating: the last backward must follow "
+                f"begin_micro_batch({self.gradient_accumulation_steps - 1})"
+            )
+        self.grad_norm = math.sqrt(sum(float(square) for square in self._squared_norms))
+        self._squared_norms = []
+        self._micro_batch = None
+        return loss
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Clear p.grad (normally already None); accumulation buffers are kept."""
+        for param in self._params:
+            param.grad = None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Hyperparameters of every group plus each inner optimizer's state_dict.
+
+        Save only at step boundaries: accumulation buffers are not part of the state.
+        """
+        if self._buffers:
+            raise RuntimeError("LayerwiseOptimizer.state_dict() during gradient accumulation")
+        return {
+            "param_groups": [
+                {k: v for k, v in group.items() if k != "params"} for group in self.param_groups
+            ],
+            "optimizers": [inner.state_dict() for inner in self._optimizers],
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        groups, inner_states = state_dict["param_groups"], state_dict["optimizers"]
+        if len(groups) != len(self.param_groups) or len(inner_states) != len(self._optimizers):
+            raise ValueError(
+                f"state_dict has {len(groups)} groups / {len(inner_states)} parameters, "
+                f"this optimizer {len(self.param_groups)} / {len(self._optimizers)}"
+            )
+        for group, saved in zip(self.param_groups, groups, strict=True):
+            group.update(saved)
+        for inner, saved in zip(self._optimizers, inner_states, strict=True):
+            inner.load_state_dict(saved)

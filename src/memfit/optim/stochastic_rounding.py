@@ -1,0 +1,84 @@
+"""Stochastic rounding to bf16 and the shared "write an fp32 update into a param" step.
+
+bf16 keeps 8 mantissa bits, so an update smaller than half a unit in the last place of the
+weight is lost by round-to-nearest: long runs of small updates vanish. Stochastic rounding
+rounds up with probability equal to the discarded fraction, so the rounded weight is an
+unbiased estimate of the fp32 result and small updates survive on average.
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*values: int) -> int:
+    """Combine integers into one well-mixed 63-bit seed (splitmix64 finaliser).
+
+    Used to derive independent, reproducible random streams per (seed, parameter, step)
+    without storing generator state in the optimizer.
+    """
+    h = 0x9E3779B97F4A7C15
+    for value in values:
+        h = (h ^ (value & _MASK64)) & _MASK64
+        h = ((h ^ (h >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        h = ((h ^ (h >> 27)) * 0x94D049BB133111EB) & _MASK64
+        h ^= h >> 31
+    return h & ((1 << 63) - 1)
+
+
+def make_generator(seed: int, device: torch.device) -> torch.Generator:
+    """A generator on `device` seeded with `seed` (CPU and CUDA streams differ, each is fixed)."""
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def stochastic_round_to_bf16(
+    x: torch.Tensor, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Round an fp32 tensor to bf16, up or down with probability proportional to distance.
+
+    bf16 is the upper 16 bits of fp32. Adding a uniform random integer in [0, 2**16) to the
+    bit pattern and truncating the low 16 bits rounds the magnitude up exactly with
+    probability (discarded bits) / 2**16; sign-magnitude encoding makes this correct for
+    negative values too. inf stays inf (its low bits are zero and are masked off again).
+    """
+    if x.dtype != torch.float32:
+        raise TypeError(f"stochastic_round_to_bf16 expects float32, got {x.dtype}")
+    bits = x.view(torch.int32)
+    noise = torch.randint(
+        0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator
+    )
+    rounded = (bits + noise) & -65536  # -65536 == 0xFFFF0000 as int32
+    return rounded.view(torch.float32).to(torch.bfloat16)
+
+
+@torch.no_grad()
+def apply_update_(
+    param: torch.Tensor,
+    update: torch.Tensor,
+    step_size: float,
+    decay_factor: float,
+    seed: int,
+) -> None:
+    """param <- param * decay_factor - step_size * update, computed in fp32.
+
+    `update` is fp32 with param's shape. fp32 params are updated in place in the same order
+    as torch.optim.AdamW (decay, then add). bf16 params are widened to fp32, updated, and
+    written back with stochastic rounding seeded by `seed`; other dtypes round to nearest.
+    """
+    if param.dtype == torch.float32:
+        if decay_factor != 1.0:
+            param.mul_(decay_factor)
+        param.add_(update, alpha=-step_size)
+        return
+    master = param.float()
+    if decay_factor != 1.0:
+        master.mul_(decay_factor)
+    master.add_(update, alpha=-step_size)
+    if param.dtype == torch.bfloat16:
+        param.copy_(stochastic_round_to_bf16(master, make_generator(seed, param.device)))
+    else:
+        param.copy_(master)
