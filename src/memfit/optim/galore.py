@@ -52,6 +52,7 @@ from memfit.optim.inner import (
 )
 from memfit.optim.projectors import (
     PROJECTOR_CHOICES,
+    align_signs,
     change_of_basis,
     online_pca_gradient,
     random_basis,
@@ -298,6 +299,8 @@ class GaLore(StatePreservingOptimizer):
             new = random_basis(
                 g.shape[0], rank, make_generator(state["projector_seed"], g.device), g.device
             )
+        if old is not None and name in ("svd", "randomized_svd"):
+            new = align_signs(new, old)
         if old is not None and group["subspace_change"] == "reset":
             reset_moments(state)
         elif old is not None and group["subspace_change"] == "reproject":

@@ -41,6 +41,18 @@ def randomized_svd_basis(g: torch.Tensor, rank: int, generator: torch.Generator)
     return (basis @ small_u[:, :rank]).contiguous()
 
 
+def align_signs(new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
+    """Flip columns of `new` (s x r) to point the same way as those of `old` (s x r).
+
+    Singular vectors are defined only up to sign, and which sign an SVD returns depends on
+    rounding noise. Moments kept across a refresh live in the old coordinates, so a flipped
+    column would turn their accumulated direction around; aligning makes the refresh
+    continuous (and two runs that differ only by rounding stay together).
+    """
+    signs = torch.where((new * old).sum(dim=0) < 0, -1.0, 1.0).to(new.dtype)
+    return new * signs
+
+
 def random_basis(
     rows: int, rank: int, generator: torch.Generator, device: torch.device
 ) -> torch.Tensor:

@@ -1,0 +1,1 @@
+"""Measuring a run: memory meters, speed meters, loggers and plots."""

@@ -1,0 +1,134 @@
+"""PNG plots of measured memory: per-step breakdown over a run, and the peak as bars.
+
+Both read what ``StepMemory.to_record()`` writes (``memory_peak_bytes``,
+``memory_<category>_bytes``, optional ``memory_budget_bytes``); records without
+``memory_peak_bytes`` (evaluation lines, unmeasured steps) are skipped. Figures are drawn
+on an Agg canvas without pyplot (no global backend or figure state) and written
+atomically: to a temporary name in the destination folder, then ``os.replace``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+from memfit.monitor.memory import (
+    CATEGORIES,
+    RECORD_BUDGET_KEY,
+    RECORD_PEAK_KEY,
+    record_key,
+)
+
+# One colour per category, the same in every memfit plot.
+_COLORS = {
+    "weights": "#4c72b0",
+    "grads": "#dd8452",
+    "optimizer": "#55a868",
+    "activations": "#c44e52",
+    "temporaries": "#8172b3",
+}
+
+
+def _unit(largest: float) -> tuple[str, int]:
+    # Binary units, as everywhere in memfit; pick the one that keeps ticks readable.
+    for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if largest >= size:
+            return name, size
+    return "B", 1
+
+
+def _save_png(figure: Figure, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(figure)
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            figure.savefig(stream, format="png", dpi=100)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def plot_memory(records: Sequence[Mapping[str, object]], path: Path | str) -> Path:
+    """Stacked areas of each category at each step's peak, plus the peak (and budget) line.
+
+    ``records`` are dicts with ``step`` and the ``to_record()`` keys, e.g. the lines of
+    ``metrics.jsonl``. Raises ValueError if none has memory keys.
+    """
+    rows = [r for r in records if RECORD_PEAK_KEY in r and "step" in r]
+    if not rows:
+        raise ValueError(f"no record has both 'step' and {RECORD_PEAK_KEY!r}; nothing to plot")
+    # A resumed run may repeat a step: the later record wins, as in read_metrics users.
+    by_step = {int(r["step"]): r for r in rows}
+    steps = sorted(by_step)
+    peaks = [int(by_step[s][RECORD_PEAK_KEY]) for s in steps]
+    budgets = [by_step[s].get(RECORD_BUDGET_KEY) for s in steps]
+    largest = max(peaks + [int(b) for b in budgets if b is not None])
+    unit, size = _unit(largest)
+
+    figure = Figure(figsize=(8, 4.5))
+    axes = figure.add_subplot()
+    layers = [[int(by_step[s].get(record_key(c), 0)) / size for s in steps] for c in CATEGORIES]
+    if len(steps) == 1:
+        # stackplot needs two x values to draw an area; show one step as stacked bars.
+        bottom = 0.0
+        for name, layer in zip(CATEGORIES, layers, strict=True):
+            axes.bar(steps, layer, bottom=bottom, color=_COLORS[name], label=name, width=0.6)
+            bottom += layer[0]
+    else:
+        axes.stackplot(steps, layers, labels=CATEGORIES, colors=[_COLORS[c] for c in CATEGORIES])
+    axes.plot(steps, [p / size for p in peaks], color="black", linewidth=1.5, label="peak")
+    if any(b is not None for b in budgets):
+        axes.plot(
+            steps,
+            [int(b) / size if b is not None else float("nan") for b in budgets],
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label="budget",
+        )
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel(f"memory at the step's peak ({unit})")
+    axes.set_ylim(bottom=0)
+    axes.set_title("Memory per step by category")
+    axes.legend(loc="upper left", fontsize="small", ncol=2)
+    figure.tight_layout()
+    return _save_png(figure, Path(path))
+
+
+def plot_peak_breakdown(
+    by_category: Mapping[str, int], path: Path | str, title: str = "Peak memory by category"
+) -> Path:
+    """Horizontal bars, one per category, of ``StepMemory.by_category`` (e.g. ``meter.peak``)."""
+    unknown = sorted(set(by_category) - set(CATEGORIES))
+    if unknown:
+        raise ValueError(f"unknown memory categories {unknown}; valid: {', '.join(CATEGORIES)}")
+    sizes = [int(by_category.get(c, 0)) for c in CATEGORIES]
+    unit, size = _unit(max(sizes + [1]))
+
+    figure = Figure(figsize=(7, 3.5))
+    axes = figure.add_subplot()
+    positions = range(len(CATEGORIES))
+    axes.barh(positions, [s / size for s in sizes], color=[_COLORS[c] for c in CATEGORIES])
+    axes.set_yticks(list(positions), labels=list(CATEGORIES))
+    axes.invert_yaxis()  # weights at the top, in the vocabulary's order
+    for position, value in zip(positions, sizes, strict=True):
+        axes.annotate(
+            f" {value / size:.2f} {unit}",
+            (value / size, position),
+            va="center",
+            fontsize="small",
+        )
+    axes.set_xlabel(unit)
+    axes.set_title(f"{title} (total {sum(sizes) / size:.2f} {unit})")
+    axes.margins(x=0.2)
+    figure.tight_layout()
+    return _save_png(figure, Path(path))
