@@ -124,7 +124,10 @@ def test_galore_micro_batch_refresh_accumulates_projected_gradient() -> None:
             grads.append(weight.grad)
         optimizer.step()
         if (step - 1) % update_gap == 0:
-            basis = torch.linalg.svd(grads[0], full_matrices=False)[0][:, :rank]
+            new = torch.linalg.svd(grads[0], full_matrices=False)[0][:, :rank]
+            if step > 1:  # each new singular vector keeps the sign of the one it replaces
+                new = new * torch.where((new * basis).sum(dim=0) < 0, -1.0, 1.0)
+            basis = new
         projected = basis.T @ sum(grads)
         first_moment = 0.9 * first_moment + 0.1 * projected
         second_moment = 0.999 * second_moment + 0.001 * projected**2

@@ -77,3 +77,11 @@ def test_change_of_basis_maps_projected_coordinates() -> None:
     matrix = old @ torch.randn(4, 9, generator=generator)  # lies in span(old)
     rotation = change_of_basis(new, old)
     torch.testing.assert_close(rotation @ (old.T @ matrix), new.T @ matrix, atol=1e-4, rtol=1e-4)
+
+
+def test_align_signs_keeps_each_column_pointing_the_old_way() -> None:
+    from memfit.optim.projectors import align_signs
+
+    old = torch.linalg.qr(torch.randn(10, 3)).Q
+    flipped = old * torch.tensor([1.0, -1.0, -1.0])
+    torch.testing.assert_close(align_signs(flipped, old), old)
