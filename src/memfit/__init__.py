@@ -1,7 +1,8 @@
 """memfit: fine-tune PyTorch models inside the GPU memory you actually have.
 
 Python entry points (imported lazily, so ``import memfit`` stays cheap):
-``memfit.train(config)`` — see ``memfit.training.api.train``.
+``memfit.train(config)`` — see ``memfit.training.api.train``;
+``memfit.plan(config, "24GiB")`` — see ``memfit.plan.planner.plan``.
 """
 
 from __future__ import annotations
@@ -14,4 +15,8 @@ def __getattr__(name: str):
         from memfit.training.api import train
 
         return train
+    if name == "plan":
+        import memfit.plan as plan  # the subpackage is itself callable (plan/__init__.py)
+
+        return plan
     raise AttributeError(f"module 'memfit' has no attribute {name!r}")

@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from memfit._utils.errors import MemfitError
+from memfit._utils.sizes import format_bytes
 
 DESCRIPTION = "Fine-tune PyTorch models inside the GPU memory you actually have."
 
@@ -73,17 +74,43 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     if summary["eval_loss_before"] is not None:
         print(f"eval loss     {summary['eval_loss_before']:.4f} -> "
               f"{summary['eval_loss_after']:.4f}")
+    if "memory_peak_bytes" in summary:
+        parts = ", ".join(f"{name} {format_bytes(size)}"
+                          for name, size in summary["memory_peak_by_category"].items())
+        print(f"peak memory   {format_bytes(summary['memory_peak_bytes'])} ({parts})")
     print(f"run folder    {run_dir}/")
     for name, what in [
         ("config.yaml", "the resolved configuration"),
         ("metrics.jsonl", "one JSON object per logged step"),
         ("tensorboard/", f"events: tensorboard --logdir {run_dir}"),
         ("checkpoints/", f"resumable state: memfit train --resume {run_dir}"),
+        ("memory.png", "memory by category over the steps"),
         (Path(summary["exported"]).name + "/", "the trained weights"),
         ("summary.json", "this summary"),
     ]:
         if (run_dir / name.rstrip("/")).exists():
             print(f"  {name:<15} {what}")
+
+
+def _command_merge(args: argparse.Namespace) -> int:
+    from memfit.merge import merge_run
+
+    out = merge_run(args.run_dir, args.out)
+    print(f"merged model  {out}/")
+    return 0
+
+
+def _command_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from memfit.plan.planner import load_plan_config, plan
+    from memfit.plan.report import format_plan
+
+    config_path, overrides = _split_arguments(args.arguments)
+    config = load_plan_config(config_path, overrides)
+    result = plan(config, args.budget, device=args.device)
+    print(json.dumps(result.to_json(), indent=2) if args.json else format_plan(result, config))
+    return 0
 
 
 def _command_env(args: argparse.Namespace) -> int:
@@ -115,6 +142,29 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show tracebacks for errors")
     train.set_defaults(handler=_command_train)
+
+    merge = commands.add_parser(
+        "merge", help="fold a run's trained adapters into the base and save the full model")
+    merge.add_argument("run_dir", metavar="RUN_DIR", help="run folder trained with adapters")
+    merge.add_argument("--out", required=True, metavar="DIR",
+                       help="where to write the merged model (replaced if it exists)")
+    merge.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks for errors")
+    merge.set_defaults(handler=_command_merge)
+
+    plan = commands.add_parser(
+        "plan", help="memory of every strategy for a budget, and which to use",
+        description="Estimate, without allocating, what training would cost per strategy; "
+                    "mark what fits --budget and recommend one. Without CONFIG.yaml, "
+                    "name the model with an override, e.g. model.preset=llama-3.1-8b.")
+    plan.add_argument("arguments", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
+    plan.add_argument("--budget", required=True, help="device memory, e.g. 24GiB, 16GB, 8e9")
+    plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                      help="cuda adds context and allocator overhead; cpu counts tensors only")
+    plan.add_argument("--json", action="store_true", help="print one JSON object")
+    plan.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                      help="show tracebacks for errors")
+    plan.set_defaults(handler=_command_plan)
 
     env = commands.add_parser("env", help="versions, devices and which backends work here")
     env.set_defaults(handler=_command_env)

@@ -23,6 +23,7 @@ from memfit.config.schema import Config
 # Keys holding filesystem paths: relative values written in a YAML file are resolved
 # against that file's folder, so a config and its data can travel together.
 PATH_KEYS = {("model", "path"), ("data", "path")}
+FILE_REFERENCE_KEYS = ("factory", "loss")
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -52,9 +53,19 @@ def _resolve_relative_paths(raw: dict[str, Any], base: Path) -> None:
     for section, key in PATH_KEYS:
         block = raw.get(section)
         if isinstance(block, dict) and isinstance(block.get(key), str):
-            value = Path(block[key]).expanduser()
-            if not value.is_absolute():
-                block[key] = str((base / value).resolve())
+            block[key] = _resolve(block[key], base)
+    # 'path/to/file.py:function' references name a file too.
+    model = raw.get("model")
+    for key in FILE_REFERENCE_KEYS:
+        if isinstance(model, dict) and isinstance(model.get(key), str):
+            file, sep, function = model[key].rpartition(":")
+            if sep and file.endswith(".py"):
+                model[key] = f"{_resolve(file, base)}:{function}"
+
+
+def _resolve(path: str, base: Path) -> str:
+    value = Path(path).expanduser()
+    return path if value.is_absolute() else str((base / value).resolve())
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -155,8 +166,13 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
-        (inner,) = [arg for arg in args if arg is not type(None)]
-        return _convert(inner, value, key)
+        options = [arg for arg in args if arg is not type(None)]
+        for option in options[:-1]:  # e.g. int | str: the first type that fits wins
+            try:
+                return _convert(option, value, key)
+            except ConfigError:
+                continue
+        return _convert(options[-1], value, key)
     if dataclasses.is_dataclass(hint):
         return _build(hint, value, prefix=f"{key}.")
     if isinstance(hint, type) and issubclass(hint, Enum):

@@ -28,9 +28,8 @@ def _type_name(hint: typing.Any) -> str:
         return " | ".join(member.value for member in hint)
     if origin is tuple:
         return "list of " + _type_name(args[0])
-    if args and type(None) in args:
-        (inner,) = [arg for arg in args if arg is not type(None)]
-        return _type_name(inner) + " | null"
+    if args:  # a union
+        return " | ".join("null" if arg is type(None) else _type_name(arg) for arg in args)
     return getattr(hint, "__name__", str(hint))
 
 
@@ -69,7 +68,8 @@ def markdown() -> str:
         "|---|---|---|---|",
     ]
     for item in key_docs():
-        lines.append(f"| `{item.key}` | {item.type_name} | `{item.default}` | {item.help} |")
+        type_name = item.type_name.replace("|", "\\|")  # a bare | would split the cell
+        lines.append(f"| `{item.key}` | {type_name} | `{item.default}` | {item.help} |")
     return "\n".join(lines) + "\n"
 
 

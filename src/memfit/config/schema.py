@@ -39,10 +39,30 @@ class DataFormat(Choice):
     IMAGES = "images"
 
 
+class ImageResize(Choice):
+    CROP = "crop"
+    STRETCH = "stretch"
+
+
+class ImageNormalize(Choice):
+    AUTO = "auto"
+    MINMAX = "minmax"
+
+
+class ReconstructionLoss(Choice):
+    MSE = "mse"
+    L1 = "l1"
+
+
 class AdapterKind(Choice):
     NONE = "none"
     LORA = "lora"
     QLORA = "qlora"
+
+
+class BaseQuantization(Choice):
+    NF4 = "nf4"
+    INT8 = "int8"
 
 
 class OptimizerName(Choice):
@@ -65,6 +85,17 @@ class GaloreInner(Choice):
     ADAMW = "adamw"
     ADAMW8BIT = "adamw8bit"
     ADAFACTOR = "adafactor"
+
+
+class SubspaceChange(Choice):
+    KEEP = "keep"
+    RESET = "reset"
+    REPROJECT = "reproject"
+
+
+class LayerwiseRefresh(Choice):
+    MICRO_BATCH = "micro_batch"
+    FULL_GRADIENT = "full_gradient"
 
 
 class Precision(Choice):
@@ -103,8 +134,10 @@ class ModelConfig:
         default=None,
     )
     factory: str | None = doc(
-        "'package.module:function' returning an nn.Module. The module's forward(**batch) "
-        "returns a loss tensor (or an object with .loss) unless model.loss is set.",
+        "'package.module:function' or 'path/to/file.py:function' returning an nn.Module. "
+        "The module's forward(**batch) returns a loss tensor (or an object with .loss) unless "
+        "model.loss is set; with model.task=autoencoder, forward(images) returns the "
+        "reconstruction.",
         default=None,
     )
     loss: str | None = doc(
@@ -117,20 +150,59 @@ class ModelConfig:
         "Dtype the weights are loaded in (precision=bf16-pure casts them to bfloat16).",
         default=ModelDtype.FLOAT32,
     )
+    reconstruction_loss: ReconstructionLoss = doc(
+        "model.task=autoencoder: mse or l1 between the reconstruction and the target image.",
+        default=ReconstructionLoss.MSE,
+    )
+
+
+@dataclass(frozen=True)
+class ImagesConfig:
+    size: int | None = doc(
+        "Side of the square images the model sees (resized as data.images.resize says); "
+        "null keeps each image's own size, which must then be the same for all. Presets "
+        "(conv-autoencoder, vit-autoencoder) need it.",
+        default=None,
+    )
+    resize: ImageResize = doc(
+        "crop (scale the shorter side to size, then cut the centre square) or stretch "
+        "(scale both sides to size, ignoring the aspect ratio).",
+        default=ImageResize.CROP,
+    )
+    channels: int = doc("1 (grayscale; RGB is converted by luminance) or 3 (RGB).", default=1)
+    normalize: ImageNormalize = doc(
+        "How intensities reach [0, 1]: auto (unsigned integers divided by their type's "
+        "maximum, e.g. 255; float arrays already in [0, 1] kept as they are; anything else "
+        "min-max scaled per image) or minmax (every image scaled to span [0, 1]).",
+        default=ImageNormalize.AUTO,
+    )
+    contrast: tuple[str, ...] = doc(
+        "Contrast transforms making the model's input, applied in order: gamma:G, invert, "
+        "window:LEVEL:WIDTH, stretch:LOW_PERCENTILE:HIGH_PERCENTILE, noise:SIGMA (seeded per "
+        "image). Empty: the images as they are.",
+        default=(),
+    )
+    target_contrast: tuple[str, ...] | None = doc(
+        "Transforms making the image the model should output, from the same original; null: "
+        "the input itself (plain reconstruction). E.g. contrast=[noise:0.1] with "
+        "target_contrast=[] trains denoising.",
+        default=None,
+    )
 
 
 @dataclass(frozen=True)
 class DataConfig:
     path: str | None = doc(
-        "Training data: a .jsonl/.json/.csv/.parquet/.txt/.npz/.pt file or a "
-        "datasets.save_to_disk folder. Relative paths in a YAML file are resolved against "
-        "that file's folder.",
+        "Training data: a .jsonl/.json/.csv/.parquet/.txt/.npz/.pt file, a "
+        "datasets.save_to_disk folder, or (format=images) an image/array file or folder. "
+        "Relative paths in a YAML file are resolved against that file's folder.",
         default=None,
     )
     format: DataFormat = doc(
         "How rows become examples: text (a 'text' field, packed), instruction "
         "(prompt/response or instruction/input/output; prompt masked out of the loss), chat "
-        "('messages'; only assistant turns in the loss), tensors (named arrays).",
+        "('messages'; only assistant turns in the loss), tensors (named arrays), images (a "
+        "folder or file of PNG/JPEG images or .npy/.npz arrays; see data.images).",
         default=DataFormat.TEXT,
     )
     max_length: int = doc("Tokens per example (truncation) or per packed block.", default=256)
@@ -143,6 +215,8 @@ class DataConfig:
         "format=text: concatenate documents and cut them into max_length blocks.", default=True
     )
     text_field: str = doc("format=text: the field holding the text.", default="text")
+    images: ImagesConfig = doc("format=images: size, channels and contrast.",
+                               default_factory=ImagesConfig)
 
 
 @dataclass(frozen=True)
@@ -155,8 +229,40 @@ class AdapterConfig:
     alpha: float = doc("LoRA scaling numerator: the update is (alpha / rank) B A.", default=16.0)
     dropout: float = doc("Dropout on the LoRA input.", default=0.0)
     targets: tuple[str, ...] = doc(
-        "Which modules get adapters: module names/patterns, or a kind such as all-linear.",
+        "Which modules get adapters. Each entry is a kind (attention-qv, attention, mlp, "
+        "all-linear, conv), an encoder-decoder placement (encoder, encoder-late: the later "
+        "half of the encoder's blocks, decoder), a module class name (Linear, Conv2d, "
+        "MyAttention), or a module name / glob on full names (q_proj, "
+        "'encoder.blocks.*.attn.qkv').",
         default=("all-linear",),
+    )
+    restrict_to: tuple[str, ...] = doc(
+        "Only adapt modules inside these parts of the model: globs on module names, each "
+        "covering everything below what it matches (e.g. 'decoder', 'encoder.blocks.[2-3]'). "
+        "Empty: the whole model.",
+        default=(),
+    )
+    rslora: bool = doc("Rank-stabilised LoRA: scale by alpha / sqrt(rank).", default=False)
+    dora: bool = doc("DoRA: learn a per-output magnitude beside the LoRA direction.",
+                     default=False)
+    trainable_modules: tuple[str, ...] = doc(
+        "Modules trained in full beside the adapters (e.g. a new head): names or globs.",
+        default=(),
+    )
+    quantization: BaseQuantization = doc(
+        "kind=qlora: the frozen base's format, nf4 (4-bit NormalFloat) or int8.",
+        default=BaseQuantization.NF4,
+    )
+    double_quant: bool = doc(
+        "kind=qlora with nf4: also quantize the per-block scales (4.127 instead of 4.5 bits "
+        "per weight).",
+        default=True,
+    )
+    frozen_in_compute_dtype: bool = doc(
+        "With precision=bf16/fp16: store frozen Linear weights (not quantized ones) in that "
+        "dtype. Autocast computes with exactly those values, so results do not change; their "
+        "bytes halve.",
+        default=True,
     )
 
 
@@ -172,6 +278,23 @@ class GaloreConfig:
     inner: GaloreInner = doc(
         "Update applied to the projected gradient: adamw, adamw8bit or adafactor.",
         default=GaloreInner.ADAMW,
+    )
+    subspace_change: SubspaceChange = doc(
+        "What the moments do when the projector changes: keep (measured best, "
+        "benchmarks/projector_refresh.py), reset, or reproject.",
+        default=SubspaceChange.KEEP,
+    )
+    modules: tuple[str, ...] = doc(
+        "Project only linear/conv layers whose name contains one of these (empty: every "
+        "linear/conv layer except the output head).",
+        default=(),
+    )
+    layerwise_refresh: LayerwiseRefresh = doc(
+        "With optimizer.layerwise and accumulation, where a new projector comes from: "
+        "micro_batch (the first micro-batch's gradient; buffers stay r x n) or "
+        "full_gradient (the whole step's gradient; full-size buffers on refresh steps, "
+        "identical to the ordinary loop).",
+        default=LayerwiseRefresh.MICRO_BATCH,
     )
 
 
@@ -198,19 +321,36 @@ class MemoryConfig:
     gradient_checkpointing: bool = doc(
         "Recompute activations in backward instead of keeping them.", default=False
     )
+    checkpoint_modules: tuple[str, ...] = doc(
+        "model.factory models: blocks to checkpoint, as class names or globs on module "
+        "names. Empty: the items of the model's largest nn.ModuleList / nn.Sequential.",
+        default=(),
+    )
+    checkpoint_every: int = doc(
+        "Checkpoint every k-th block only (1: all), trading memory back for speed.", default=1
+    )
     activation_offload: bool = doc("Keep saved activations in host memory.", default=False)
     optimizer_offload: bool = doc("Keep optimizer state in host memory.", default=False)
     chunked_loss: bool = doc(
         "Compute the LM loss in sequence chunks, never materialising full fp32 logits.",
         default=False,
     )
-    budget: str | None = doc(
+    loss_chunk_tokens: int = doc(
+        "memory.chunked_loss: tokens whose logits exist at once (forward and backward).",
+        default=1024,
+    )
+    budget: int | str | None = doc(
         "Device memory budget, e.g. 24GiB, 512MiB, 16GB or a byte count. On CPU it is "
         "enforced by the tensor tracker (a simulated device).",
         default=None,
     )
     auto: bool = doc("Apply the planner's recommended strategy for memory.budget.",
                      default=False)
+    recover_from_oom: bool = doc(
+        "On out-of-memory in forward/backward, halve the micro-batch (doubling accumulation) "
+        "or offload activations, and retry the same step.",
+        default=True,
+    )
 
 
 @dataclass(frozen=True)
@@ -253,6 +393,11 @@ class LogConfig:
     tensorboard: bool = doc("Write TensorBoard events to the run folder.", default=True)
     progress: bool = doc("Show a progress bar.", default=True)
     every: int = doc("Log metrics every N optimizer steps.", default=1)
+    memory_every: int = doc(
+        "Measure memory every N steps (CPU tensor tracking costs time on tiny models; must "
+        "be 1 with memory.budget).",
+        default=1,
+    )
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Data: local files -> tokenized, split, packed examples -> padded batches.
 
 ``build_datasets(data_cfg, tokenizer, seed)`` reads ``data_cfg.path`` in one of the formats
-"text", "instruction", "chat" or "tensors" and returns ``Splits(train, eval)``;
+"text", "instruction", "chat", "tensors" or "images" and returns ``Splits(train, eval)``;
 ``collate`` pads a list of examples into a batch; ``count_loss_tokens`` counts what a
 causal-LM loss will average over. See each format's module for its template.
 """

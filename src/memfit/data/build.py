@@ -18,11 +18,12 @@ import torch
 
 from memfit._utils.errors import DataError
 from memfit.data import chat, instruction, text
+from memfit.data.images import ImageSettings, read_images
 from memfit.data.read import Row, data_files, holds_tensors, iter_rows, read_rows
 from memfit.data.tensors import TensorDictDataset, read_tensors
 from memfit.data.tokens import Encoded, to_examples, warn_or_raise_on_dropped
 
-FORMATS = ("text", "instruction", "chat", "tensors")
+FORMATS = ("text", "instruction", "chat", "tensors", "images")
 
 
 class DataSettings(Protocol):
@@ -43,6 +44,8 @@ class DataSettings(Protocol):
     def pack(self) -> bool: ...
     @property
     def text_field(self) -> str: ...
+    @property
+    def images(self) -> ImageSettings: ...
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,7 @@ class Splits:
 def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0) -> Splits:
     """Read ``data_cfg.path`` in ``data_cfg.format`` and split it into train and eval.
 
-    ``tokenizer`` is a ``transformers`` tokenizer; it may be None for format "tensors".
+    ``tokenizer`` is a ``transformers`` tokenizer; it may be None for "tensors" and "images".
     Raises DataError for a missing/empty/unreadable file, an unknown format or extension,
     a row without the fields its format needs, or no example left to train on.
     """
@@ -65,6 +68,9 @@ def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0) -> Spl
         raise DataError(f"data.max_length must be at least 1, got {data_cfg.max_length}")
     if data_cfg.path is None:
         raise DataError(f"data.path is not set; give a data file or folder for format '{name}'")
+    if name == "images":
+        return _tensor_splits(read_images(str(data_cfg.path), data_cfg.images, seed),
+                              data_cfg.eval_fraction, seed)
     files = data_files(str(data_cfg.path))
     tensor_files = holds_tensors(files)
     if (name == "tensors") != tensor_files:
@@ -74,18 +80,11 @@ def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0) -> Spl
             "row files (.jsonl/.json/.csv/.parquet/.txt, save_to_disk folders) with the others"
         )
     if name == "tensors":
-        tensors = read_tensors(files)
-        train, held_out = split_indices(
-            len(next(iter(tensors.values()))), data_cfg.eval_fraction, seed
-        )
-        return Splits(
-            TensorDictDataset(tensors, torch.tensor(train, dtype=torch.long)),
-            TensorDictDataset(tensors, torch.tensor(held_out, dtype=torch.long)),
-        )
+        return _tensor_splits(read_tensors(files), data_cfg.eval_fraction, seed)
     if tokenizer is None:
         raise DataError(
             f"data.format '{name}' needs a tokenizer and none was given; "
-            "a model without one can only train on data.format 'tensors'"
+            "a model without one can only train on data.format 'tensors' or 'images'"
         )
     sources = read_rows(files, txt_field=data_cfg.text_field)
     encode = _encoder(name, tokenizer, data_cfg.text_field)
@@ -103,6 +102,15 @@ def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0) -> Spl
         train_dropped + eval_dropped, train_rows + eval_rows, len(train_set), data_cfg.max_length
     )
     return Splits(train_set, eval_set)
+
+
+def _tensor_splits(tensors: dict[str, torch.Tensor], eval_fraction: float, seed: int) -> Splits:
+    """Named arrays of N examples each -> train and eval views of them (no copies)."""
+    train, held_out = split_indices(len(next(iter(tensors.values()))), eval_fraction, seed)
+    return Splits(
+        TensorDictDataset(tensors, torch.tensor(train, dtype=torch.long)),
+        TensorDictDataset(tensors, torch.tensor(held_out, dtype=torch.long)),
+    )
 
 
 def format_name(value: str | Enum) -> str:

@@ -7,6 +7,7 @@ built-in preset, or a user factory ``"package.module:function"`` returning an nn
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,8 +17,8 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ModelError
-from memfit.config.schema import ModelConfig, ModelDtype, Task
-from memfit.models.presets import DEMO_BASE, PRESETS, preset_names
+from memfit.config.schema import ImagesConfig, ModelConfig, ModelDtype, Task
+from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
 from memfit.models.tokenizers import byte_level_tokenizer
 
 TORCH_DTYPES = {
@@ -35,25 +36,44 @@ class LoadedModel:
     loss_function: Callable[[Any, dict], torch.Tensor] | None = None  # model.loss, if named
 
 
-def load_model(config: ModelConfig) -> LoadedModel:
+def load_model(config: ModelConfig, quantization_config: Any | None = None,
+               images: ImagesConfig | None = None) -> LoadedModel:
+    """``quantization_config``: a transformers BitsAndBytesConfig applied while loading a
+    Hugging Face folder (built models are quantized afterwards by techniques.quantize).
+    ``images``: data.images, whose channels and size shape the image presets."""
     dtype = TORCH_DTYPES[config.dtype]
     if config.path:
-        return _from_folder(Path(config.path), config.task, dtype)
+        return _from_folder(Path(config.path), config.task, dtype, quantization_config)
+    if config.preset in IMAGE_PRESETS or (config.preset and config.task is Task.AUTOENCODER):
+        model = build_image_preset(config, images or ImagesConfig())
+        return LoadedModel(model.to(dtype), None, is_transformers=False)
     if config.preset:
-        return _from_preset(config.preset, dtype)
+        return _from_preset(config.preset, dtype, quantization_config)
     return _from_factory(config, dtype)
 
 
 def import_object(reference: str, key: str) -> Any:
-    """``"package.module:name"`` -> the object, or a ModelError naming ``key``."""
-    module_name, _, attribute = reference.partition(":")
+    """``"package.module:name"`` or ``"path/to/file.py:name"`` -> the object, or a
+    ModelError naming ``key``."""
+    module_name, _, attribute = reference.rpartition(":")
     try:
-        module = importlib.import_module(module_name)
+        module = (_import_file(Path(module_name)) if module_name.endswith(".py")
+                  else importlib.import_module(module_name))
     except Exception as error:  # noqa: BLE001 -- import-time failures are the user module's
         raise ModelError(f"{key}={reference!r}: cannot import {module_name!r} ({error})") from None
     if not hasattr(module, attribute):
         raise ModelError(f"{key}={reference!r}: module {module_name!r} has no {attribute!r}")
     return getattr(module, attribute)
+
+
+def _import_file(file: Path) -> Any:
+    # A file beside a config (e.g. an example's model.py) need not be on sys.path.
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    if spec is None or spec.loader is None or not file.is_file():
+        raise FileNotFoundError(f"no Python file {file}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _auto_class(task: Task):
@@ -68,13 +88,15 @@ def _auto_class(task: Task):
     return classes[task]
 
 
-def _from_folder(folder: Path, task: Task, dtype: torch.dtype) -> LoadedModel:
+def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
+                 quantization_config: Any | None = None) -> LoadedModel:
     from transformers import AutoTokenizer
 
     if not (folder / "config.json").is_file():
         raise ModelError(f"model.path={folder} is not a Hugging Face model folder (no config.json)")
     try:
-        model = _auto_class(task).from_pretrained(folder, dtype=dtype)
+        model = _auto_class(task).from_pretrained(folder, dtype=dtype,
+                                                  quantization_config=quantization_config)
     except (OSError, ValueError) as error:
         raise ModelError(f"model.path={folder}: cannot load the model ({error})") from None
     try:
@@ -90,17 +112,30 @@ def _from_folder(folder: Path, task: Task, dtype: torch.dtype) -> LoadedModel:
     return LoadedModel(model, tokenizer, is_transformers=True)
 
 
-def _from_preset(name: str, dtype: torch.dtype) -> LoadedModel:
+def _from_preset(name: str, dtype: torch.dtype, quantization_config: Any | None) -> LoadedModel:
     from transformers import AutoModelForCausalLM
 
     if name == DEMO_BASE:
         from memfit.demo import demo_assets_dir
 
-        return _from_folder(demo_assets_dir() / "base", Task.CAUSAL_LM, dtype)
+        return _from_folder(demo_assets_dir() / "base", Task.CAUSAL_LM, dtype,
+                            quantization_config)
     if name not in PRESETS:
         raise ModelError(f"model.preset={name!r} is not one of: {', '.join(preset_names())}")
     model = AutoModelForCausalLM.from_config(PRESETS[name](), dtype=dtype)
     return LoadedModel(model, byte_level_tokenizer(), is_transformers=True)
+
+
+def build_image_preset(config: ModelConfig, images: ImagesConfig) -> nn.Module:
+    """An image autoencoder preset shaped for ``data.images`` (channels, size)."""
+    if config.preset not in IMAGE_PRESETS or config.task is not Task.AUTOENCODER:
+        raise ModelError(f"model.preset={config.preset!r} with model.task={config.task}: the "
+                         f"image presets ({', '.join(IMAGE_PRESETS)}) go with "
+                         "model.task=autoencoder, which takes one of them or a model.factory")
+    if images.size is None:
+        raise ModelError(f"model.preset={config.preset} needs data.images.size (the side of "
+                         "the square images it is built for)")
+    return IMAGE_PRESETS[config.preset](images.channels, images.size)
 
 
 def _from_factory(config: ModelConfig, dtype: torch.dtype) -> LoadedModel:

@@ -11,6 +11,8 @@ from collections.abc import Callable
 
 from transformers import LlamaConfig, PretrainedConfig
 
+from memfit.models.architectures import ARCHITECTURES
+from memfit.models.autoencoders import IMAGE_PRESETS
 from memfit.models.tokenizers import BYTE_VOCAB_SIZE
 
 DEMO_BASE = "demo-base"
@@ -34,11 +36,13 @@ def tiny_llama() -> LlamaConfig:
     )
 
 
-# name -> config builder. The demo base is not here: it ships with weights (see models.load).
+# name -> config builder. The demo base is not here: it ships with weights (see models.load);
+# nor are the image autoencoders, plain nn.Modules (IMAGE_PRESETS, models.autoencoders).
 PRESETS: dict[str, Callable[[], PretrainedConfig]] = {
     "tiny-llama": tiny_llama,
+    **ARCHITECTURES,  # published sizes, for planning (see models.architectures)
 }
 
 
 def preset_names() -> list[str]:
-    return sorted([*PRESETS, DEMO_BASE])
+    return sorted([*PRESETS, *IMAGE_PRESETS, DEMO_BASE])

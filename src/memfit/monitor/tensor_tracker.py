@@ -216,6 +216,7 @@ class TensorTracker(TorchDispatchMode):
         self._pack_hook = self._on_pack
         self._unpack_hook = _unpack
         self._saved_hooks: torch.autograd.graph.saved_tensors_hooks | None = None
+        self._saved_this_entry: list[weakref.ref[_Saved]] = []
         self._optimizer_hook: Any = None  # RemovableHandle while entered
         self._entered = False
 
@@ -299,6 +300,12 @@ class TensorTracker(TorchDispatchMode):
         return super().__enter__()
 
     def __exit__(self, *exc: object) -> None:
+        saved, self._saved_this_entry = self._saved_this_entry, []
+        if exc[0] is not None:  # aborted (e.g. OOM): its graph will never run backward
+            for reference in saved:
+                holder = reference()
+                if holder is not None:
+                    holder.tensor = None
         try:
             super().__exit__(*exc)
         finally:
@@ -451,11 +458,32 @@ class TensorTracker(TorchDispatchMode):
                 self._add(storage, storage.nbytes(), ACTIVATIONS)
                 self._update_peak()
         # Autograd skips its version check for tensors packed by hooks; keep it here.
-        return tensor, tensor._version
+        saved = _Saved(tensor, tensor._version)
+        # Weak: holding the holder would keep activations alive after backward freed them.
+        self._saved_this_entry.append(weakref.ref(saved))
+        return saved
 
 
-def _unpack(packed: tuple[torch.Tensor, int]) -> torch.Tensor:
-    tensor, version = packed
+class _Saved:
+    """What the pack hook hands autograd: the tensor and its version at save time.
+
+    A node that saves its own output through a hook holds a strong reference to it, and
+    the output holds the node (grad_fn): a cycle through C++ that Python's collector cannot
+    see. Backward frees it; a step aborted before backward (out of memory) would leak every
+    activation. The tracker therefore drops ``tensor`` from the holders of an aborted step.
+    """
+
+    __slots__ = ("tensor", "version", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor, version: int) -> None:
+        self.tensor: torch.Tensor | None = tensor
+        self.version = version
+
+
+def _unpack(saved: _Saved) -> torch.Tensor:
+    tensor, version = saved.tensor, saved.version
+    if tensor is None:
+        raise RuntimeError("this graph's saved tensors were released when its step failed")
     if tensor._version != version:
         raise RuntimeError(
             "one of the variables needed for gradient computation has been modified by an "

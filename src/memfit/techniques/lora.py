@@ -1,39 +1,187 @@
-"""LoRA adapters through PEFT: W' = W + (alpha / r) B A with B zero-initialised, on the
-modules named by ``adapter.targets``. Only adapter weights train; the base is frozen.
+"""LoRA / DoRA adapters through PEFT: W' = W + (alpha / r) B A with B zero-initialised, on
+the modules chosen by ``adapter.targets`` inside ``adapter.restrict_to``. Only adapter
+weights (and ``adapter.trainable_modules``) train; the base is frozen.
+
+We resolve targets to exact module names ourselves (PEFT matches name suffixes and knows
+"all-linear" only for transformers models), so the same kinds work on any nn.Module — a
+Llama, a ViT, or a convolutional autoencoder — and a target that matches nothing is an
+error that lists what could have matched.
 """
 
 from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from fnmatch import fnmatchcase
 
 from torch import nn
 
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import AdapterConfig
+from memfit.techniques.lora_placements import PLACEMENTS, placed_modules
 
-ALL_LINEAR = "all-linear"
+KINDS = ("attention-qv", "attention", "mlp", "all-linear", "conv")
+# PEFT has LoRA layers for these convolutions (not for transposed ones).
+CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+
+# Leaf names used for attention / MLP projections across common architectures
+# (Llama, GPT-NeoX, BERT, ViT/timm, T5, DistilBERT, Mixtral experts).
+_QUERY = {"q_proj", "query", "q", "q_lin", "wq"}
+_VALUE = {"v_proj", "value", "v", "v_lin", "wv"}
+_FUSED_QKV = {"qkv", "qkv_proj", "c_attn", "query_key_value", "Wqkv", "in_proj"}
+_ATTENTION_PARENT = re.compile(r"attn|attention", re.IGNORECASE)
+_MLP_PARENT = re.compile(r"mlp|ffn|feed_?forward|intermediate|experts?", re.IGNORECASE)
+_MLP_LEAF = {"gate_proj", "up_proj", "down_proj", "fc1", "fc2", "w1", "w2", "w3", "c_fc",
+             "fc_in", "fc_out", "wi", "wo", "dense_h_to_4h", "dense_4h_to_h"}
 
 
 def linear_module_names(model: nn.Module) -> list[str]:
+    """nn.Linear and its subclasses (bitsandbytes 4-bit / 8-bit layers included)."""
     return [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
 
 
-def apply(model: nn.Module, config: AdapterConfig, is_transformers: bool) -> nn.Module:
+def output_layer_names(model: nn.Module) -> set[str]:
+    """The LM head of a transformers model: adapting it is rarely wanted (PEFT's
+    all-linear leaves it out too), and it is tied to the embedding in many models."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    return {name for name, module in model.named_modules() if module is head and head is not None}
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def _parent(name: str) -> str:
+    return name.rsplit(".", 1)[0] if "." in name else ""
+
+
+def _kind_matches(kind: str, name: str, module: nn.Module, heads: set[str]) -> bool:
+    if kind == "conv":
+        return isinstance(module, CONV_TYPES)
+    if not isinstance(module, nn.Linear) or name in heads:
+        return False
+    leaf = _leaf(name)
+    if kind == "all-linear":
+        return True
+    if kind == "attention-qv":
+        return leaf in _QUERY | _VALUE | _FUSED_QKV
+    is_attention = (leaf in _QUERY | _VALUE | _FUSED_QKV | {"k_proj", "key", "k", "o_proj"}
+                    or bool(_ATTENTION_PARENT.search(_parent(name))))
+    if kind == "attention":
+        return is_attention
+    return not is_attention and (leaf in _MLP_LEAF or bool(_MLP_PARENT.search(_parent(name))))
+
+
+def name_matches(pattern: str, name: str) -> bool:
+    """A pattern names a module by its full name, its last part, or a glob on either."""
+    return fnmatchcase(name, pattern) or fnmatchcase(_leaf(name), pattern)
+
+
+def inside_parts(name: str, parts: Iterable[str]) -> bool:
+    """True when ``name`` is a module matched by one of ``parts`` or lies below one."""
+    prefixes = [name[:index] for index, char in enumerate(name) if char == "."] + [name]
+    return any(fnmatchcase(prefix, part) for part in parts for prefix in prefixes)
+
+
+def _adaptable(module: nn.Module) -> bool:
+    return isinstance(module, (nn.Linear, *CONV_TYPES))
+
+
+def resolve_targets(model: nn.Module, config: AdapterConfig) -> list[str]:
+    """Full names of the modules that get adapters, or a ConfigError listing candidates."""
+    modules = dict(model.named_modules())
+    if config.restrict_to:
+        inside = {name for name in modules if name and inside_parts(name, config.restrict_to)}
+        if not inside:
+            tops = ", ".join(name for name, _ in model.named_children())
+            raise ConfigError(f"adapter.restrict_to={list(config.restrict_to)} matches no "
+                              f"module; the model's top-level parts are: {tops}")
+    else:
+        inside = set(modules)
+    heads = output_layer_names(model)
+    placed = placed_modules(model, config.targets,
+                            [name for name, module in modules.items() if _adaptable(module)])
+    chosen = []
+    for name, module in modules.items():
+        if name not in inside or not name or not _adaptable(module):
+            continue
+        for target in config.targets:
+            if (name in placed[target] if target in placed
+                    else _kind_matches(target, name, module, heads) if target in KINDS
+                    else type(module).__name__ == target or name_matches(target, name)):
+                chosen.append(name)
+                break
+    if not chosen:
+        raise ConfigError(_no_match_message(modules, inside, config))
+    return chosen
+
+
+def _no_match_message(modules: dict[str, nn.Module], inside: set[str],
+                      config: AdapterConfig) -> str:
+    candidates = [(name, module) for name, module in modules.items()
+                  if name in inside and name and _adaptable(module)]
+    leaves = sorted({_leaf(name) for name, _ in candidates})
+    classes = sorted({type(module).__name__ for _, module in candidates})
+    where = f" inside adapter.restrict_to={list(config.restrict_to)}" if config.restrict_to else ""
+    return (f"adapter.targets={list(config.targets)} matched no module{where}; valid kinds: "
+            f"{', '.join(KINDS + PLACEMENTS)}; module names here: {', '.join(leaves) or 'none'}; "
+            f"classes: {', '.join(classes) or 'none'}")
+
+
+def resolve_trainable_modules(model: nn.Module, patterns: tuple[str, ...]) -> list[str]:
+    modules = [name for name, _ in model.named_modules() if name]
+    chosen = [name for name in modules if any(name_matches(p, name) for p in patterns)]
+    # Keep only the outermost match: PEFT copies a whole module, children included.
+    chosen = [name for name in chosen if not any(name.startswith(o + ".") for o in chosen)]
+    if patterns and not chosen:
+        tops = ", ".join(name for name, _ in model.named_children())
+        raise ConfigError(f"adapter.trainable_modules={list(patterns)} matches no module; "
+                          f"top-level parts: {tops}")
+    return chosen
+
+
+def apply(model: nn.Module, config: AdapterConfig) -> nn.Module:
+    """Wrap ``model`` in a PEFT model with LoRA (or DoRA) on the resolved targets."""
     from peft import LoraConfig, get_peft_model
 
-    targets: str | list[str] = list(config.targets)
-    if targets == [ALL_LINEAR] and not is_transformers:
-        # PEFT resolves "all-linear" only for transformers models; for a plain module we
-        # expand it ourselves to every nn.Linear.
-        targets = linear_module_names(model)
-    elif targets == [ALL_LINEAR]:
-        targets = ALL_LINEAR
-    lora = LoraConfig(r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
-                      target_modules=targets)
-    try:
-        return get_peft_model(model, lora)
-    except ValueError as error:
-        candidates = ", ".join(sorted({name.rsplit(".", 1)[-1]
-                                       for name in linear_module_names(model)}))
-        raise ConfigError(
-            f"adapter.targets={list(config.targets)} matched no module ({error}); "
-            f"linear modules here: {candidates}"
-        ) from None
+    targets = resolve_targets(model, config)
+    trainable = resolve_trainable_modules(model, config.trainable_modules)
+    overlap = sorted(set(targets) & set(trainable))
+    if overlap:
+        raise ConfigError(f"adapter.trainable_modules and adapter.targets both name {overlap[0]}"
+                          "; a module is either adapted or trained in full")
+    lora = LoraConfig(
+        r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
+        use_rslora=config.rslora, use_dora=config.dora,
+        # An anchored alternation of exact names: PEFT full-matches a string target, so
+        # 'fc' cannot also catch 'encoder.fc' as a suffix match would.
+        target_modules="^(?:" + "|".join(re.escape(name) for name in targets) + ")$",
+        modules_to_save=trainable or None,
+    )
+    # PEFT keeps adapter weights in fp32 even on a bf16/4-bit base (autocast_adapter_dtype).
+    return get_peft_model(model, lora)
+
+
+def check_applied(model: nn.Module) -> None:
+    """Only adapter weights and ``adapter.trainable_modules`` may train, and some must."""
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    adapters = [name for name in trainable if "lora_" in name]
+    others = [name for name in trainable if "lora_" not in name and "modules_to_save" not in name]
+    if not adapters:
+        raise ConfigError("adapter.kind: no adapter parameter requires grad after applying "
+                          "LoRA; check adapter.targets")
+    if others:
+        raise ConfigError(f"adapter.kind: {len(others)} base parameters still require grad "
+                          f"(e.g. {others[0]}); list fully trained modules in "
+                          "adapter.trainable_modules")
+
+
+def check_gradients_reached(model: nn.Module) -> None:
+    """Call after the first backward: every adapter gradient missing means something in
+    the forward (reentrant checkpointing, a detach, no_grad) cut the adapters off."""
+    adapters = [p for name, p in model.named_parameters() if p.requires_grad and "lora_" in name]
+    if adapters and all(p.grad is None for p in adapters):
+        raise ConfigError("no gradient reached the LoRA adapters in backward: the forward "
+                          "detaches them (e.g. reentrant activation checkpointing); try "
+                          "memory.gradient_checkpointing=false")

@@ -14,12 +14,15 @@ from typing import Any
 
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError
+from memfit._utils.sizes import parse_bytes
 from memfit.checkpoint import TrainerState, latest_checkpoint, load_checkpoint
 from memfit.checkpoint.export import export_trained
 from memfit.config import Config, from_mapping, to_yaml
 from memfit.config.load import read_yaml
 from memfit.config.schema import AdapterKind
-from memfit.monitor.metrics import MetricsLogger
+from memfit.monitor.memory import RECORD_PEAK_KEY, make_memory_meter
+from memfit.monitor.memory_plot import plot_memory
+from memfit.monitor.metrics import MetricsLogger, read_metrics
 from memfit.monitor.progress import ProgressBar
 from memfit.training.build import build_run
 from memfit.training.loop import train_steps
@@ -73,16 +76,25 @@ def train(config: Config | dict | str | Path, resume: str | Path | None = None) 
         state = TrainerState()
     write_text(run_dir / "config.yaml", to_yaml(config))
 
+    budget = parse_bytes(config.memory.budget) if config.memory.budget else None
+    meter = make_memory_meter(run.device, budget, every_n_steps=config.log.memory_every)
+    meter.attach(run.model, run.optimizer)
     logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
     bar = ProgressBar(run.total_steps, state.step, enabled=config.log.progress)
     try:
-        result = train_steps(run, run_dir, state, logger, on_step=bar.update)
+        result = train_steps(run, run_dir, state, logger, meter, on_step=bar.update)
     finally:
         bar.close()
         logger.close()
+    records = [r for r in read_metrics(run_dir) if RECORD_PEAK_KEY in r]
+    if records:
+        plot_memory(records, run_dir / "memory.png")
     has_adapter = config.adapter.kind is not AdapterKind.NONE
     exported = export_trained(run_dir, run.model, run.tokenizer, has_adapter, run.is_transformers)
     summary = _summary(run, result, run_dir, exported)
+    if meter.peak is not None:
+        summary["memory_peak_bytes"] = meter.peak.peak_bytes
+        summary["memory_peak_by_category"] = dict(meter.peak.by_category)
     write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     return RunResult(run_dir, result.state.step, result.losses, result.eval_losses, summary)
 

@@ -1,12 +1,15 @@
 """Assemble a run from a Config, in one documented order:
 
 1. seeds                      (weights of presets, LoRA init, data split all depend on them)
-2. model + tokenizer          (models.load)
+2. model + tokenizer          (models.load; Hugging Face folders load quantized for qlora)
 3. data                       (data.build_datasets; fails early on bad rows)
-4. adapter                    (techniques.lora; freezes the base)
-5. activation checkpointing   (techniques.checkpointing)
-6. device                     (cuda when present, else cpu)
-7. optimizer, lr schedule, grad scaler
+4. quantized base             (techniques.quantize; built models, adapter.kind=qlora)
+5. activation checkpointing   (techniques.checkpointing; before LoRA renames modules)
+6. adapter                    (techniques.lora; freezes the base)
+7. frozen weights in the compute dtype (techniques.quantize.store_frozen_in)
+8. "did it apply?" checks     (each technique's check_applied; warnings are printed)
+9. device                     (cuda when present, else cpu)
+10. optimizer (+ host offload), lr schedule, grad scaler
 
 Nothing here writes to disk: a bad config or data file fails before a run folder exists.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import math
 import random
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,10 +26,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from memfit.config.schema import AdapterKind, Config, Task
+from memfit.config.schema import AdapterKind, Config, Precision, Task
 from memfit.data import Splits, build_datasets, collate
-from memfit.models.load import load_model
-from memfit.techniques import checkpointing, lora
+from memfit.models.load import LoadedModel, load_model
+from memfit.models.presets import DEMO_BASE
+from memfit.techniques import checkpointing, chunked_loss, lora, quantize
+from memfit.techniques.optimizer_offload import HostOffloadOptimizer
 from memfit.techniques.optimizers import build_optimizer
 from memfit.training.objective import Objective
 from memfit.training.precision import grad_scaler
@@ -45,6 +51,11 @@ class Run:
     scaler: torch.amp.GradScaler | None
     device: torch.device
     total_steps: int
+
+    eval_batch_size: int = 0  # 0: train.micro_batch_size; OOM in evaluation halves it
+
+    def __post_init__(self) -> None:
+        self.eval_batch_size = self.eval_batch_size or self.config.train.micro_batch_size
 
     def collate(self, examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         pad_id = self.tokenizer.pad_token_id if self.tokenizer is not None else 0
@@ -68,18 +79,68 @@ def total_optimizer_steps(config: Config, train_examples: int) -> int:
     return max(1, math.ceil(config.train.epochs * train_examples / per_step))
 
 
-def build_run(config: Config) -> Run:
-    seed_everything(config.train.seed)
-    loaded = load_model(config.model)
-    splits = build_datasets(config.data, loaded.tokenizer, seed=config.train.seed)
+def load_base(config: Config) -> LoadedModel:
+    """Steps 2 and 4: the model with its frozen base quantized as configured (shared with
+    ``memfit merge``, which must rebuild exactly the base the adapters were trained on)."""
+    qlora = config.adapter.kind is AdapterKind.QLORA
+    hf_folder = bool(config.model.path) or config.model.preset == DEMO_BASE
+    loaded = load_model(config.model, quantize.bnb_config(
+        config.adapter, config.precision, list(config.adapter.trainable_modules))
+        if qlora and hf_folder else None, images=config.data.images)
+    if qlora and not hf_folder:
+        keep = lora.output_layer_names(loaded.model) | set(
+            lora.resolve_trainable_modules(loaded.model, config.adapter.trainable_modules))
+        quantize.quantize_linears(loaded.model, config.adapter, config.precision, keep)
+    if qlora:
+        quantize.keep_training_layout(loaded.model)
+    return loaded
+
+
+def frozen_storage_dtype(config: Config) -> torch.dtype | None:
+    """Step 7: the dtype frozen Linear weights are stored in, or None to leave them."""
+    autocast = config.precision in (Precision.BF16, Precision.FP16)
+    if (config.adapter.kind is AdapterKind.NONE or not autocast
+            or not config.adapter.frozen_in_compute_dtype):
+        return None
+    return quantize.compute_dtype(config.precision)
+
+
+def prepare_model(loaded: LoadedModel, config: Config) -> tuple[nn.Module, list[str]]:
+    """Steps 5-8 on a loaded base; returns the model and the checks' warnings."""
     model = loaded.model
     if config.memory.gradient_checkpointing:
-        model = checkpointing.apply(model, loaded.is_transformers)
-    if config.adapter.kind is AdapterKind.LORA:
-        model = lora.apply(model, config.adapter, loaded.is_transformers)
+        model = checkpointing.apply(model, config.memory, loaded.is_transformers)
+    if config.adapter.kind is not AdapterKind.NONE:
+        model = lora.apply(model, config.adapter)
+    storage_dtype = frozen_storage_dtype(config)
+    if storage_dtype is not None:
+        quantize.store_frozen_in(model, storage_dtype)
+    warnings = []
+    if config.adapter.kind is AdapterKind.QLORA:
+        warnings += quantize.check_applied(model)
+    if config.adapter.kind is not AdapterKind.NONE:
+        lora.check_applied(model)
+    if config.memory.gradient_checkpointing:
+        checkpointing.check_applied(model)
+    if config.memory.chunked_loss:
+        chunked_loss.check_supported(model)
+    return model, warnings
+
+
+def build_run(config: Config) -> Run:
+    seed_everything(config.train.seed)
+    loaded = load_base(config)
+    splits = build_datasets(config.data, loaded.tokenizer, seed=config.train.seed)
+    model, warnings = prepare_model(loaded, config)
+    for warning in warnings:
+        print(f"memfit: warning: {warning}", file=sys.stderr)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device)
-    optimizer = build_optimizer(model, config.optimizer)
+    if config.precision is Precision.BF16_PURE:
+        model.to(torch.bfloat16)  # no fp32 master copy; the optimizer rounds stochastically
+    optimizer = build_optimizer(model, config)
+    if config.memory.optimizer_offload:
+        optimizer = HostOffloadOptimizer(optimizer)
     total_steps = total_optimizer_steps(config, len(splits.train))
     scheduler = build_scheduler(optimizer, total_steps, config.train.warmup_steps,
                                 config.train.lr_schedule)
@@ -87,7 +148,11 @@ def build_run(config: Config) -> Run:
         config=config, model=model, tokenizer=loaded.tokenizer,
         is_transformers=loaded.is_transformers, splits=splits,
         objective=Objective(causal_lm=config.model.task is Task.CAUSAL_LM,
-                            loss_function=loaded.loss_function),
+                            loss_function=loaded.loss_function,
+                            loss_chunk_tokens=config.memory.loss_chunk_tokens
+                            if config.memory.chunked_loss else None,
+                            reconstruction_loss=config.model.reconstruction_loss.value
+                            if config.model.task is Task.AUTOENCODER else None),
         optimizer=optimizer, scheduler=scheduler,
         scaler=grad_scaler(config.precision, device), device=device, total_steps=total_steps,
     )

@@ -5,25 +5,37 @@
 2. for each micro-batch: forward under autocast (and activation offload), backward of
    ``loss_sum / items`` — so the gradient is that of the mean over the EFFECTIVE batch;
 3. unscale (fp16), clip the global norm, optimizer step, scheduler step, zero grads;
-4. log, evaluate, checkpoint.
+4. log (with the step's memory from the meter), evaluate, checkpoint.
+
+The step runs inside ``meter.step()``, which on CPU enforces ``memory.budget``. An OOM in
+forward/backward zeroes the gradients, moves one rung down ``recovery.next_rung`` and
+retries the same step from the same examples; an OOM in evaluation halves the eval batch.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
+from memfit._utils.atomic import write_text
+from memfit._utils.errors import OutOfMemoryPlanError
 from memfit.checkpoint import TrainerState, save_checkpoint
+from memfit.config import to_yaml
+from memfit.monitor.memory import MemoryMeter
 from memfit.monitor.metrics import MetricsLogger
+from memfit.optim import LayerwiseOptimizer
 from memfit.techniques import activation_offload
 from memfit.training.batches import BatchStream, eval_batches
 from memfit.training.build import Run
 from memfit.training.precision import autocast
+from memfit.training.recovery import Rung, next_rung, smaller_eval_batch
 
 
 @dataclass
@@ -37,82 +49,176 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str
     return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
 
 
-def evaluate(run: Run) -> float | None:
-    """Mean eval loss per item over the whole eval split (None when there is none)."""
+def evaluate(run: Run) -> dict[str, float] | None:
+    """Means per item over the whole eval split (None when there is none): ``loss``, and
+    any other metric the objective sums (``psnr``, ``ssim`` for autoencoders)."""
     if len(run.splits.eval) == 0:
         return None
     run.model.eval()
-    total, items = 0.0, 0
+    totals: dict[str, float] = {}
+    items = 0
     with torch.inference_mode(), autocast(run.config.precision, run.device):
-        for batch in eval_batches(run.splits.eval, run.config.train.micro_batch_size, run.collate):
+        for batch in eval_batches(run.splits.eval, run.eval_batch_size, run.collate):
             batch = _to_device(batch, run.device)
-            total += run.objective.loss_sum(run.model, batch).item()
+            for name, value in run.objective.eval_sums(run.model, batch).items():
+                totals[name] = totals.get(name, 0.0) + value.item()
             items += run.objective.count(batch)
     run.model.train()
-    return total / max(items, 1)
+    return {name: total / max(items, 1) for name, total in totals.items()}
 
 
-def _eval_record(step: int, loss: float) -> dict:
-    return {"step": step, "eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0))}
+def _eval_record(step: int, metrics: dict[str, float]) -> dict:
+    loss = metrics["loss"]
+    extra = {f"eval_{name}": value for name, value in metrics.items() if name != "loss"}
+    return {"step": step, "eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)),
+            **extra}
+
+
+def _forward_backward(run: Run, micro_batches: list[dict], items: int, layerwise: bool) -> float:
+    """Backward of ``loss_sum / items`` for each micro-batch; returns the step's mean loss."""
+    step_loss = 0.0
+    for index, batch in enumerate(micro_batches):
+        if layerwise:
+            run.optimizer.begin_micro_batch(index)  # its hooks step on the last one
+        batch = _to_device(batch, run.device)
+        with autocast(run.config.precision, run.device), activation_offload.context(
+            run.config.memory.activation_offload, run.device
+        ):
+            loss_sum = run.objective.loss_sum(run.model, batch)
+        loss = loss_sum / max(items, 1)
+        (run.scaler.scale(loss) if run.scaler else loss).backward()
+        step_loss += loss.item()
+    return step_loss
+
+
+def _update(run: Run, layerwise: bool) -> float:
+    """Clip and step (layer-wise: the updates already ran in backward, clipped per tensor);
+    returns the pre-clip global gradient norm."""
+    if layerwise:
+        run.optimizer.step()
+        return float(run.optimizer.grad_norm)
+    max_norm = run.config.train.max_grad_norm
+    if run.scaler:
+        run.scaler.unscale_(run.optimizer)
+    grad_norm = torch.nn.utils.clip_grad_norm_(
+        run.trainable_parameters, max_norm if max_norm is not None else math.inf)
+    if run.scaler:
+        run.scaler.step(run.optimizer)
+        run.scaler.update()
+    else:
+        run.optimizer.step()
+    return float(grad_norm)
+
+
+def _out_of_memory(run: Run, where: str, step: int, failure: str) -> OutOfMemoryPlanError:
+    budget = run.config.memory.budget
+    limit = f"memory.budget={budget}" if budget else f"the {run.device} device"
+    return OutOfMemoryPlanError(
+        f"out of memory {where} at step {step} within {limit} and no cheaper setting is left "
+        f"to try; run `memfit plan` with your config for what fits "
+        f"({failure.splitlines()[0][:160]})")
+
+
+def _apply_rung(run: Run, rung: Rung, stream: BatchStream, logger: MetricsLogger,
+                step: int, run_dir: Path) -> None:
+    run.config = rung.config
+    write_text(run_dir / "config.yaml", to_yaml(run.config))  # resume continues with it
+    stream.micro_batch_size = rung.config.train.micro_batch_size
+    if isinstance(run.optimizer, LayerwiseOptimizer):
+        run.optimizer.gradient_accumulation_steps = rung.config.train.gradient_accumulation_steps
+    logger.log({"step": step, "event": "out_of_memory", "change": rung.description})
+    warnings.warn(f"out of memory at step {step}; retrying with {rung.description}",
+                  stacklevel=2)
+
+
+def _release_failed_attempt(run: Run) -> None:
+    """Free what a failed attempt allocated: its gradients, and (through a collection)
+    the activations its exception's frames still referenced."""
+    run.optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+
+
+def _evaluate_within_memory(run: Run, meter: MemoryMeter, step: int) -> dict[str, float] | None:
+    while True:
+        try:
+            with meter.step():
+                return evaluate(run)
+        except torch.OutOfMemoryError as error:
+            failure = str(error)
+        _release_failed_attempt(run)
+        run.model.train()
+        smaller = smaller_eval_batch(run.eval_batch_size)
+        if smaller is None:
+            raise _out_of_memory(run, "in evaluation", step, failure)
+        run.eval_batch_size = smaller
+        warnings.warn(f"out of memory in evaluation; eval batch size -> {smaller}",
+                      stacklevel=2)
 
 
 def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLogger,
+                meter: MemoryMeter,
                 on_step: Callable[[dict], None] = lambda record: None) -> LoopResult:
-    config = run.config.train
-    stream = BatchStream(run.splits.train, config.micro_batch_size, config.seed, run.collate,
-                         consumed=state.consumed)
+    stream = BatchStream(run.splits.train, run.config.train.micro_batch_size,
+                         run.config.train.seed, run.collate, consumed=state.consumed)
     result = LoopResult(state)
     if state.step == 0:
-        loss = evaluate(run)
-        if loss is not None:
-            logger.log(_eval_record(0, loss))
-            result.eval_losses[0] = loss
+        metrics = _evaluate_within_memory(run, meter, 0)
+        if metrics is not None:
+            logger.log(_eval_record(0, metrics))
+            result.eval_losses[0] = metrics["loss"]
     run.model.train()
-    max_norm = config.max_grad_norm if config.max_grad_norm is not None else math.inf
+    layerwise = isinstance(run.optimizer, LayerwiseOptimizer)
     for step in range(state.step + 1, run.total_steps + 1):
         started = time.perf_counter()
-        micro_batches = [stream.next_batch() for _ in range(config.gradient_accumulation_steps)]
-        items = sum(run.objective.count(batch) for batch in micro_batches)
-        step_loss = 0.0
-        for batch in micro_batches:
-            batch = _to_device(batch, run.device)
-            with autocast(run.config.precision, run.device), activation_offload.context(
-                run.config.memory.activation_offload, run.device
-            ):
-                loss_sum = run.objective.loss_sum(run.model, batch)
-            loss = loss_sum / max(items, 1)
-            (run.scaler.scale(loss) if run.scaler else loss).backward()
-            step_loss += loss.item()
-        if run.scaler:
-            run.scaler.unscale_(run.optimizer)
-        grad_norm = torch.nn.utils.clip_grad_norm_(run.trainable_parameters, max_norm)
-        lr = run.optimizer.param_groups[0]["lr"]
-        if run.scaler:
-            run.scaler.step(run.optimizer)
-            run.scaler.update()
-        else:
-            run.optimizer.step()
+        step_start = stream.consumed
+        while True:  # retried with a cheaper rung after an OOM in forward/backward
+            micro_batches = [stream.next_batch()
+                             for _ in range(run.config.train.gradient_accumulation_steps)]
+            items = sum(run.objective.count(batch) for batch in micro_batches)
+            lr = run.optimizer.param_groups[0]["lr"]
+            try:
+                with meter.step():
+                    step_loss = _forward_backward(run, micro_batches, items, layerwise)
+                    try:
+                        grad_norm = _update(run, layerwise)
+                    except torch.OutOfMemoryError as error:
+                        # The optimizer may have updated some state: not safely retryable.
+                        raise _out_of_memory(run, "in the optimizer step", step,
+                                             str(error)) from None
+                    run.optimizer.zero_grad(set_to_none=True)
+                break
+            except torch.OutOfMemoryError as error:
+                failure = str(error)
+            _release_failed_attempt(run)
+            rung = None if layerwise or not run.config.memory.recover_from_oom \
+                else next_rung(run.config)
+            if rung is None:  # layer-wise updates may already have stepped some weights
+                raise _out_of_memory(run, "in forward/backward", step, failure)
+            _apply_rung(run, rung, stream, logger, step, run_dir)
+            stream.consumed = step_start
         run.scheduler.step()
-        run.optimizer.zero_grad(set_to_none=True)
 
         seconds = time.perf_counter() - started
         state.step, state.consumed = step, stream.consumed
         state.tokens += items
         state.elapsed_seconds += seconds
         result.losses[step] = step_loss
-        record = {"step": step, "loss": step_loss, "lr": lr, "grad_norm": float(grad_norm),
+        record = {"step": step, "loss": step_loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens": items, "tokens_per_second": items / seconds,
                   "step_seconds": seconds, "epoch": stream.epoch}
+        if meter.last_step is not None:
+            record.update(meter.last_step.to_record())
         if step % run.config.log.every == 0 or step == run.total_steps:
             logger.log(record)
         on_step(record)
+        train_config = run.config.train
         last = step == run.total_steps
-        if (config.eval_every and step % config.eval_every == 0) or last:
-            loss = evaluate(run)
-            if loss is not None:
-                logger.log(_eval_record(step, loss))
-                result.eval_losses[step] = loss
-        if (config.save_every and step % config.save_every == 0) or last:
+        if (train_config.eval_every and step % train_config.eval_every == 0) or last:
+            metrics = _evaluate_within_memory(run, meter, step)
+            if metrics is not None:
+                logger.log(_eval_record(step, metrics))
+                result.eval_losses[step] = metrics["loss"]
+        if (train_config.save_every and step % train_config.save_every == 0) or last:
             save_checkpoint(run_dir, state, run.model, run.optimizer, run.scheduler, run.scaler,
-                            keep=config.keep_checkpoints)
+                            keep=train_config.keep_checkpoints)
     return result

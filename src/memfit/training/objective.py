@@ -13,6 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from memfit.data import count_loss_tokens
+from memfit.techniques import chunked_loss
+from memfit.training.image_metrics import psnr, ssim
 
 IGNORE_INDEX = -100
 
@@ -45,6 +47,14 @@ def module_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],
     return loss * example_count(batch)
 
 
+def reconstruction_loss_sum(reconstruction: torch.Tensor, target: torch.Tensor, kind: str
+                            ) -> torch.Tensor:
+    """Autoencoders: the per-image mean ``kind`` ("mse" or "l1") error, summed over the
+    batch; reconstruction and target are (B, C, H, W)."""
+    loss = F.mse_loss if kind == "mse" else F.l1_loss
+    return loss(reconstruction.float(), target.float(), reduction="sum") / target[0].numel()
+
+
 def example_count(batch: dict[str, torch.Tensor]) -> int:
     return next(iter(batch.values())).shape[0]
 
@@ -53,14 +63,41 @@ class Objective:
     """Loss sum and item count for one micro-batch, whatever the model kind."""
 
     def __init__(self, causal_lm: bool,
-                 loss_function: Callable[[Any, dict], torch.Tensor] | None = None):
+                 loss_function: Callable[[Any, dict], torch.Tensor] | None = None,
+                 loss_chunk_tokens: int | None = None,
+                 reconstruction_loss: str | None = None):
         self.causal_lm = causal_lm
         self.loss_function = loss_function
+        self.loss_chunk_tokens = loss_chunk_tokens  # memory.chunked_loss; None: unchunked
+        # model.task=autoencoder: "mse" or "l1"; the batch holds "images" (the model's
+        # input) and, when the target differs from it, "targets", both (B, C, H, W).
+        self.reconstruction_loss = reconstruction_loss
 
     def count(self, batch: dict[str, torch.Tensor]) -> int:
         return count_loss_tokens(batch) if self.causal_lm else example_count(batch)
 
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.causal_lm and self.loss_chunk_tokens:
+            return chunked_loss.causal_lm_loss_sum(model, batch, self.loss_chunk_tokens)
         if self.causal_lm:
             return causal_lm_loss_sum(model, batch)
+        if self.reconstruction_loss:
+            return self._reconstruct(model, batch)[0]
         return module_loss_sum(model, batch, self.loss_function)
+
+    def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]
+                  ) -> dict[str, torch.Tensor]:
+        """Sums over the micro-batch for evaluation: ``loss`` and, for autoencoders,
+        ``psnr`` and ``ssim`` (summed per image; the caller divides by the item count)."""
+        if not self.reconstruction_loss:
+            return {"loss": self.loss_sum(model, batch)}
+        loss, reconstruction, target = self._reconstruct(model, batch)
+        return {"loss": loss, "psnr": psnr(reconstruction, target).sum(),
+                "ssim": ssim(reconstruction, target).sum()}
+
+    def _reconstruct(self, model: nn.Module, batch: dict[str, torch.Tensor]
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        reconstruction = model(batch["images"])
+        target = batch.get("targets", batch["images"])
+        return (reconstruction_loss_sum(reconstruction, target, self.reconstruction_loss),
+                reconstruction, target)

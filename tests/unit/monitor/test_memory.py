@@ -413,3 +413,17 @@ def test_wrapper_subclass_counts_its_inner_tensors() -> None:
         assert meter.tracker.live_bytes == 4 * 10 * FP32
         del doubled
         assert meter.tracker.live_bytes == 2 * 10 * FP32
+
+
+def test_activations_of_a_step_aborted_by_oom_are_released() -> None:
+    """A node saving its own output through the pack hook forms a C++ reference cycle;
+    an aborted step must not leak its activations (the OOM-retry loop relies on it)."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.Tanh())
+                                  for _ in range(4)])
+    meter = make_memory_meter("cpu", budget_bytes=40_000)
+    meter.attach(model)
+    weights = sum(p.nbytes for p in model.parameters())
+    with pytest.raises(torch.OutOfMemoryError), meter.step():
+        model(torch.randn(64, 32)).sum().backward()  # tanh saves its output
+    assert meter.tracker.live_bytes == weights

@@ -1,0 +1,250 @@
+"""Peak tensor bytes of memfit's memory techniques against plain PEFT + bitsandbytes.
+
+    python benchmarks/memory_techniques.py [--steps 3] [--device cpu|cuda]
+
+A Llama-architecture model (hidden 768, 8 layers, 12 heads, intermediate 2064, vocab
+8000, untied head: 69.2M parameters) with random weights, saved once as a Hugging Face
+folder; batch 1 x sequence 128 of fixed random tokens. Every case runs in its own
+process, trains ``--steps`` AdamW steps (lr 1e-4) on the same batch and reports the
+peak of its highest step, split by category, measured by memfit's memory meter (CPU:
+exact live tensor storages; CUDA: torch.cuda allocator peak). LoRA everywhere: r=16,
+alpha=32, dropout 0, all linear layers but the head. Peers use the documented PEFT
+recipe: ``get_peft_model``, ``prepare_model_for_kbit_training`` for 4-bit bases,
+transformers' non-reentrant checkpointing, ``model(..., labels=...).loss``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+MIB = 2**20
+RANK, ALPHA, LR, SEQUENCE = 16, 32.0, 1e-4, 128
+CATEGORIES = ("weights", "grads", "optimizer", "activations", "temporaries")
+
+# name -> (who, settings). memfit settings are config overrides; peer settings are flags.
+CASES: dict[str, tuple[str, dict]] = {
+    "full AdamW fp32 (baseline)": ("memfit", {}),
+    "full AdamW + checkpointing": ("memfit", {"memory.gradient_checkpointing": True}),
+    "LoRA r16 all-linear": ("memfit", {"adapter.kind": "lora"}),
+    "LoRA + checkpointing": ("memfit", {"adapter.kind": "lora",
+                                        "memory.gradient_checkpointing": True}),
+    "LoRA + ckpt + chunked loss, bf16": ("memfit", {
+        "adapter.kind": "lora", "memory.gradient_checkpointing": True,
+        "memory.chunked_loss": True, "precision": "bf16"}),
+    "QLoRA nf4+dq, bf16": ("memfit", {"adapter.kind": "qlora", "precision": "bf16"}),
+    "QLoRA + ckpt + chunked + act. offload": ("memfit", {
+        "adapter.kind": "qlora", "precision": "bf16", "memory.gradient_checkpointing": True,
+        "memory.chunked_loss": True, "memory.activation_offload": True}),
+    "peer: PEFT LoRA": ("peer", {}),
+    "peer: PEFT LoRA + checkpointing": ("peer", {"checkpointing": True}),
+    "peer: PEFT LoRA + ckpt, bf16 autocast": ("peer", {"checkpointing": True, "bf16": True}),
+    "peer: PEFT QLoRA, bf16": ("peer", {"qlora": True, "bf16": True}),
+    "peer: PEFT QLoRA + ckpt, bf16": ("peer", {"qlora": True, "bf16": True,
+                                               "checkpointing": True}),
+}
+BEST_LORA, PEER_LORA = "LoRA + ckpt + chunked loss, bf16", "peer: PEFT LoRA + ckpt, bf16 autocast"
+PEER_LORA_FP32 = "peer: PEFT LoRA + checkpointing"
+BEST_QLORA, PEER_QLORA = "QLoRA + ckpt + chunked + act. offload", "peer: PEFT QLoRA, bf16"
+
+
+def model_config():
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=8000, hidden_size=768, intermediate_size=2064,
+                       num_hidden_layers=8, num_attention_heads=12, num_key_value_heads=12,
+                       max_position_embeddings=512, tie_word_embeddings=False)
+
+
+def batch(device: torch.device) -> dict[str, torch.Tensor]:
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(0, 8000, (1, SEQUENCE), generator=generator)
+    return {"input_ids": input_ids.to(device), "labels": input_ids.to(device),
+            "attention_mask": torch.ones_like(input_ids).to(device)}
+
+
+def build_memfit(folder: Path, overrides: dict, device: torch.device):
+    """Model, optimizer, step function, autocast dtype, activation offload, via memfit."""
+    from memfit.config import from_mapping
+    from memfit.config.load import merge, parse_overrides
+    from memfit.techniques.optimizer_offload import HostOffloadOptimizer
+    from memfit.techniques.optimizers import build_optimizer
+    from memfit.training.build import load_base, prepare_model, seed_everything
+    from memfit.training.objective import Objective
+
+    raw = merge(parse_overrides([f"model.path={folder}", f"data.path={folder}",
+                                 f"adapter.rank={RANK}", f"adapter.alpha={ALPHA}",
+                                 f"optimizer.lr={LR}", "adapter.targets=[all-linear]"]),
+                parse_overrides([f"{key}={value}" for key, value in overrides.items()]))
+    config = from_mapping(raw)
+    seed_everything(0)
+    model, _ = prepare_model(load_base(config), config)
+    model.to(device)
+    optimizer = build_optimizer(model, config)
+    if config.memory.optimizer_offload:
+        optimizer = HostOffloadOptimizer(optimizer)
+    objective = Objective(causal_lm=True, loss_chunk_tokens=config.memory.loss_chunk_tokens
+                          if config.memory.chunked_loss else None)
+
+    def loss(data):
+        return objective.loss_sum(model, data) / objective.count(data)
+
+    dtype = torch.bfloat16 if config.precision.value == "bf16" else None
+    return model, optimizer, loss, dtype, config.memory.activation_offload
+
+
+def build_peer(folder: Path, flags: dict, device: torch.device):
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    torch.manual_seed(0)
+    checkpointing = flags.get("checkpointing", False)
+    kwargs = {"use_reentrant": False}
+    if flags.get("qlora"):
+        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                          bnb_4bit_use_double_quant=True,
+                                          bnb_4bit_compute_dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_pretrained(folder, quantization_config=quantization)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing,
+                                                gradient_checkpointing_kwargs=kwargs)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
+                                             target_modules="all-linear"))
+    model.to(device)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
+
+    def loss(data):
+        return model(**data).loss
+
+    return model, optimizer, loss, torch.bfloat16 if flags.get("bf16") else None, False
+
+
+def run_case(name: str, folder: Path, steps: int, device: torch.device) -> dict:
+    from memfit.monitor.memory import make_memory_meter
+    from memfit.techniques import activation_offload
+
+    who, settings = CASES[name]
+    build = build_memfit if who == "memfit" else build_peer
+    model, optimizer, loss_fn, dtype, offload = build(folder, settings, device)
+    model.train()
+    data = batch(device)
+    meter = make_memory_meter(device)
+    meter.attach(model, optimizer)
+    losses = []
+    for _ in range(steps):
+        with meter.step():
+            with torch.autocast(device.type, dtype=dtype or torch.float32,
+                                enabled=dtype is not None), \
+                    activation_offload.context(offload, device):
+                loss = loss_fn(data)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+            del loss
+    peak = meter.peak
+    host = optimizer.host_bytes() if hasattr(optimizer, "host_bytes") else 0
+    return {"peak": peak.peak_bytes, **peak.by_category, "loss": losses[-1],
+            "trainable": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "host_bytes": host}
+
+
+def kbit_preparation(folder: Path) -> dict:
+    """Weight bytes of a bf16-loaded 4-bit model before and after PEFT's preparation."""
+    from peft import prepare_model_for_kbit_training
+    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+    quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                                      bnb_4bit_use_double_quant=True,
+                                      bnb_4bit_compute_dtype=torch.bfloat16)
+    model = AutoModelForCausalLM.from_pretrained(folder, quantization_config=quantization,
+                                                 dtype=torch.bfloat16)
+
+    def weight_bytes() -> int:
+        return sum(p.nbytes for p in model.parameters()) + sum(b.nbytes for b in model.buffers())
+
+    before = weight_bytes()
+    prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    return {"before": before, "after": weight_bytes()}
+
+
+def child(arguments: argparse.Namespace) -> None:
+    folder, device = Path(arguments.model), torch.device(arguments.device)
+    result = (kbit_preparation(folder) if arguments.case == "kbit"
+              else run_case(arguments.case, folder, arguments.steps, device))
+    print("RESULT " + json.dumps(result))
+
+
+def spawn(case: str, folder: Path, arguments: argparse.Namespace) -> dict:
+    command = [sys.executable, __file__, "--child", "--case", case, "--model", str(folder),
+               "--steps", str(arguments.steps), "--device", arguments.device]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"case {case!r} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def print_table(results: dict[str, dict]) -> None:
+    baseline = results["full AdamW fp32 (baseline)"]["peak"]
+    header = (f"{'case':<40}" + "".join(f"{c[:11]:>12}" for c in CATEGORIES)
+              + f"{'peak MiB':>10}{'x base':>8}{'trainable':>11}{'loss@end':>10}")
+    print(header)
+    print("-" * len(header))
+    for name, row in results.items():
+        print(f"{name:<40}" + "".join(f"{row[c] / MIB:>12.1f}" for c in CATEGORIES)
+              + f"{row['peak'] / MIB:>10.1f}{row['peak'] / baseline:>8.3f}"
+              + f"{row['trainable']:>11,}{row['loss']:>10.4f}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.child:
+        child(arguments)
+        return
+    from transformers import AutoModelForCausalLM
+
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = Path(temporary) / "llama-69m"
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(model_config())
+        parameters = sum(p.numel() for p in model.parameters())
+        model.save_pretrained(folder, safe_serialization=True)
+        del model
+        print(f"model: Llama 768x8, vocab 8000, {parameters / 1e6:.1f}M parameters; batch 1 x "
+              f"{SEQUENCE}; {arguments.steps} steps; device {arguments.device}; "
+              "bytes are peak live tensor storages (MiB)\n")
+        results = {name: spawn(name, folder, arguments) for name in CASES}
+        kbit = spawn("kbit", folder, arguments)
+    print_table(results)
+    peak = {name: row["peak"] for name, row in results.items()}
+    print()
+    for ours, peer in [(BEST_LORA, PEER_LORA), (BEST_LORA, PEER_LORA_FP32),
+                       (BEST_QLORA, PEER_QLORA)]:
+        ratio = peak[ours] / peak[peer]
+        verdict = "meets" if ratio <= 0.8 else "MISSES"
+        print(f"{ours} / {peer}: {ratio:.3f} ({verdict} target <= 0.8)")
+    print(f"\npeft.prepare_model_for_kbit_training on the bf16-loaded 4-bit model: weights "
+          f"{kbit['before'] / MIB:.1f} -> {kbit['after'] / MIB:.1f} MiB "
+          f"(+{(kbit['after'] - kbit['before']) / MIB:.1f} MiB: non-quantized weights "
+          "upcast to fp32); memfit keeps them in their dtype and stores the frozen head in "
+          "the compute dtype instead")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""``memfit merge RUN_DIR --out DIR``: the trained adapters folded into the base weights.
+
+The base is rebuilt exactly as training saw it (same seed for built models, same
+quantization, same storage dtype), quantized layers are dequantized to ``model.dtype`` —
+so the merged weights are ``dequant(W_q) + (alpha / r) B A``, the function the adapter
+model computed, not the original W plus an update trained against a different base — and
+PEFT's ``merge_and_unload`` folds the update in and removes every LoRA module.
+
+Output: a normal Hugging Face folder (config + model.safetensors + tokenizer) for
+transformers models, or ``model.safetensors`` holding a state dict that loads into the
+factory's module with ``load_state_dict(strict=True)``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from safetensors.torch import save_file
+from torch import nn
+
+from memfit._utils.atomic import staged_folder
+from memfit._utils.errors import ConfigError
+from memfit.config import from_mapping
+from memfit.config.load import read_yaml
+from memfit.config.schema import AdapterKind
+from memfit.models.load import TORCH_DTYPES
+from memfit.techniques import quantize
+from memfit.training.build import frozen_storage_dtype, load_base, seed_everything
+
+
+def merged_model(run_dir: Path) -> tuple[nn.Module, object | None, bool]:
+    """(merged model, tokenizer or None, is_transformers) for the run in ``run_dir``."""
+    from peft import PeftModel
+
+    config_path, adapter_dir = run_dir / "config.yaml", run_dir / "adapter"
+    if not config_path.is_file():
+        raise ConfigError(f"memfit merge {run_dir}: no config.yaml there (not a run folder)")
+    config = from_mapping(read_yaml(config_path))
+    if config.adapter.kind is AdapterKind.NONE:
+        raise ConfigError(f"memfit merge {run_dir}: the run trained without adapters "
+                          "(adapter.kind=none); its model/ folder is already the full model")
+    if not (adapter_dir / "adapter_config.json").is_file():
+        raise ConfigError(f"memfit merge {run_dir}: no adapter/adapter_config.json (the run "
+                          "has not finished; train it to the end first)")
+    seed_everything(config.train.seed)  # built models get the weights training started from
+    loaded = load_base(config)
+    base, dtype = loaded.model, TORCH_DTYPES[config.model.dtype]
+    base.requires_grad_(False)
+    storage_dtype = frozen_storage_dtype(config)
+    if storage_dtype is not None:
+        # Training stored frozen Linear weights in the compute dtype: merge onto exactly
+        # those values (cast back to model.dtype below).
+        quantize.store_frozen_in(base, storage_dtype)
+    quantize.dequantize(base, dtype)
+    base.to(dtype)
+    quantizer = getattr(base, "hf_quantizer", None)
+    if quantizer is not None:  # a normal folder again: no quantization_config in config.json
+        quantizer.remove_quantization_config(base)
+    adapted = PeftModel.from_pretrained(base, adapter_dir)
+    return adapted.merge_and_unload(), loaded.tokenizer, loaded.is_transformers
+
+
+def merge_run(run_dir: str | Path, out: str | Path) -> Path:
+    """Write the merged model of ``run_dir`` to ``out`` (replaced atomically)."""
+    run_dir, out = Path(run_dir), Path(out)
+    model, tokenizer, is_transformers = merged_model(run_dir)
+    with staged_folder(out) as folder:
+        if is_transformers:
+            model.save_pretrained(folder, safe_serialization=True)
+            if tokenizer is not None:
+                tokenizer.save_pretrained(folder)
+        else:
+            state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+            save_file(state, folder / "model.safetensors")
+    return out

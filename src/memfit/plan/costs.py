@@ -1,0 +1,184 @@
+"""Closed-form bytes: optimizer state, optimizer-step scratch, accumulation buffers, device
+overhead. Per parameter, from its shape and dtype (the trainable parameters of the meta
+model), following what each optimizer really allocates:
+
+- ``adamw`` (torch, foreach): exp_avg + exp_avg_sq in the parameter's dtype and a 4-byte
+  ``step``; the step allocates sqrt(exp_avg_sq) for a whole parameter group at once.
+- ``adamw`` with ``precision=bf16-pure``: memfit's AdamW, fp32 moments (8 bytes / param),
+  scratch of a few fp32 copies of one parameter at a time.
+- ``adamw8bit`` (bitsandbytes): two uint8 moments + one fp32 absmax per 256 values;
+  tensors under 4096 values keep fp32 moments (REFERENCE.md).
+- ``adafactor`` (torch): factored second moment (row and column means) for >= 2-D
+  tensors, a full one for vectors; no first moment.
+- ``galore`` (memfit): for each projected matrix viewed s x l (s <= l), P (s x r, fp32)
+  and the inner rule's moments on R (r x l); the rest get the inner rule unprojected.
+  2-D weights are projected when their smaller side exceeds the rank, except embeddings
+  and the output layer (REFERENCE.md: only attention and MLP matrices).
+- ``sgd``: nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import nn
+
+from memfit.config.schema import Config, GaloreInner, OptimizerName, Precision
+
+# bitsandbytes 8-bit optimizers keep fp32 state for tensors smaller than this.
+BNB_MIN_8BIT_SIZE = 4096
+QUANT_BLOCK = 256  # values per absmax scale, bitsandbytes and memfit.optim alike
+# What a CUDA process holds besides tensors: context + cuBLAS/cuDNN workspaces (measured
+# 300-600 MiB on recent GPUs), and caching-allocator fragmentation, taken as a fraction
+# of peak tensor bytes.
+CUDA_CONTEXT_BYTES = 512 * 2**20
+ALLOCATOR_SLACK = 0.05
+
+
+@dataclass(frozen=True)
+class Param:
+    """One trainable parameter as the optimizer sees it."""
+
+    shape: tuple[int, ...]
+    element_size: int
+    projectable: bool  # a 2-D weight of a block (not an embedding or the output layer)
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.element_size
+
+
+@dataclass(frozen=True)
+class OptimizerCost:
+    state_bytes: int  # persistent optimizer state
+    step_scratch_bytes: int  # extra bytes alive at the worst moment of optimizer.step()
+    per_param_scratch_bytes: int  # the same for one parameter at a time (layer-wise step)
+    accumulation_buffer_bytes: int  # layer-wise with accumulation: where grads accumulate
+
+
+def trainable_params(model: nn.Module) -> list[Param]:
+    """Trainable parameters (tied ones once) with their optimizer-relevant traits."""
+    looked_up = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if callable(get_head) else None
+    if head is not None:
+        looked_up.add(id(head.weight))
+    seen: set[int] = set()
+    params = []
+    for parameter in model.parameters():
+        if parameter.requires_grad and id(parameter) not in seen:
+            seen.add(id(parameter))
+            params.append(Param(tuple(parameter.shape), parameter.element_size(),
+                                parameter.dim() >= 2 and id(parameter) not in looked_up))
+    return params
+
+
+def _quantized(numel: int) -> int:
+    blocks = -(-numel // QUANT_BLOCK)
+    return blocks * QUANT_BLOCK + 4 * blocks  # uint8 codes (whole blocks) + fp32 absmax
+
+
+def _matrix_sides(param: Param) -> tuple[int, int]:
+    rows = param.shape[0]
+    columns = param.numel // rows
+    return min(rows, columns), max(rows, columns)
+
+
+def _inner_state(numel: int, shape: tuple[int, ...], inner: GaloreInner) -> int:
+    if inner is GaloreInner.ADAMW8BIT:
+        return 2 * _quantized(numel)
+    if inner is GaloreInner.ADAFACTOR:
+        if len(shape) >= 2:
+            return 4 * (shape[0] + numel // shape[0])
+        return 4 * numel
+    return 8 * numel
+
+
+def _galore_param(param: Param, config: Config) -> tuple[int, int, int]:
+    """(state, scratch, accumulation buffer) bytes of one parameter under GaLore."""
+    galore = config.optimizer.galore
+    small, large = _matrix_sides(param) if param.projectable else (0, 0)
+    if small > galore.rank:
+        rank = galore.rank
+        state = 4 * small * rank + _inner_state(rank * large, (rank, large), galore.inner)
+        # fp32 view of G, R and the inner direction, the projected-back update.
+        return state, 4 * (2 * small * large + 3 * rank * large), 4 * rank * large
+    state = _inner_state(param.numel, param.shape, galore.inner)
+    return state, 4 * 4 * param.numel, param.nbytes
+
+
+def optimizer_cost(params: list[Param], config: Config) -> OptimizerCost:
+    name = config.optimizer.name
+    states, scratch = [], []
+    buffers = 0
+    for param in params:
+        numel, nbytes = param.numel, param.nbytes
+        buffer = nbytes
+        if name is OptimizerName.GALORE:
+            state, work, buffer = _galore_param(param, config)
+        elif name is OptimizerName.ADAMW and config.precision is Precision.BF16_PURE:
+            state, work = 8 * numel, 5 * 4 * numel  # fp32 grad, moments math, rounding
+        elif name is OptimizerName.ADAMW:
+            state, work = 2 * nbytes + 4, nbytes  # sqrt(exp_avg_sq), per group
+        elif name in (OptimizerName.ADAMW8BIT, OptimizerName.PAGED_ADAMW8BIT):
+            small = numel < BNB_MIN_8BIT_SIZE
+            state = 8 * numel if small else 2 * numel + 2 * 4 * -(-numel // QUANT_BLOCK)
+            work = 3 * 4 * numel  # dequantized fp32 moments and the update
+        elif name is OptimizerName.ADAFACTOR:
+            factored = len(param.shape) >= 2
+            rows_and_columns = (numel // param.shape[-1] + numel // param.shape[-2]
+                                if factored else numel)
+            state, work = rows_and_columns * param.element_size + 4, 2 * nbytes
+        else:  # sgd without momentum
+            state, work = 0, 0
+        states.append(state)
+        scratch.append(work)
+        buffers += buffer
+    if not params:
+        return OptimizerCost(0, 0, 0, 0)
+    per_param = max(scratch)
+    # torch's foreach AdamW computes sqrt(exp_avg_sq) for a whole parameter group at once;
+    # the groups (decayed matrices, the rest) are stepped one after the other.
+    whole_group = name is OptimizerName.ADAMW and config.precision is not Precision.BF16_PURE
+    step_scratch = _largest_group_bytes(params) if whole_group else per_param
+    accumulating = config.train.gradient_accumulation_steps > 1 and config.optimizer.layerwise
+    return OptimizerCost(sum(states), step_scratch, per_param, buffers if accumulating else 0)
+
+
+def _largest_group_bytes(params: list[Param]) -> int:
+    matrices = sum(p.nbytes for p in params if len(p.shape) >= 2 and p.projectable)
+    rest = sum(p.nbytes for p in params) - matrices
+    return max(matrices, rest)
+
+
+def device_overhead_bytes(peak_tensor_bytes: int, device: str) -> int:
+    """Memory the device loses beyond live tensors (nothing on CPU: the tracker's view)."""
+    if device == "cpu":
+        return 0
+    return CUDA_CONTEXT_BYTES + int(ALLOCATOR_SLACK * peak_tensor_bytes)
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Distinct storages of parameters and buffers (tied weights once)."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in [*model.parameters(), *model.buffers()]:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            total += tensor.numel() * tensor.element_size()
+    return total
+
+
+def largest_trainable_bytes(params: list[Param]) -> int:
+    return max((p.nbytes for p in params), default=0)
+
+
+def grad_bytes(params: list[Param]) -> int:
+    return sum(p.nbytes for p in params)

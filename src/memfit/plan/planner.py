@@ -1,0 +1,206 @@
+"""``plan``: every strategy's bytes, what fits a budget, the recommendation and why, and
+the largest micro-batch that fits with the accumulation keeping the effective batch.
+
+``recommend`` (auto-fit) and ``strategies.next_cheaper`` (OOM recovery) are what the
+training side uses; ``refuse_if_too_large`` is the check ``memfit train`` makes before
+building a model for real.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from memfit._utils.errors import ConfigError, MemfitError, OutOfMemoryPlanError
+from memfit._utils.sizes import format_bytes, parse_bytes
+from memfit.config.schema import Config, Task
+from memfit.plan import meta
+from memfit.plan.itemize import Estimate, ExampleBatch, estimate
+from memfit.plan.strategies import Overrides, strategies, with_overrides
+
+
+@dataclass(frozen=True)
+class StrategyEstimate:
+    name: str
+    overrides: Overrides
+    estimate: Estimate
+    fits: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    budget_bytes: int
+    device: str
+    config: Estimate  # exactly the given configuration
+    strategies: list[StrategyEstimate]  # in order of preference
+    skipped: dict[str, str]  # strategy -> why it cannot be built for this model
+    recommended: str | None
+    recommended_overrides: Overrides  # the strategy's, plus the proposed micro-batch
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented --json schema (docs/planner.md)."""
+        return {
+            "config": self.config.to_json(),
+            "strategies": [{**s.estimate.to_json(), "name": s.name, "overrides": s.overrides,
+                            "fits": s.fits} for s in self.strategies],
+            "recommended": self.recommended,
+            "reason": self.reason,
+        }
+
+
+def plan(config: Config, budget: str | int, device: str = "cuda",
+         example_batch: ExampleBatch | None = None) -> Plan:
+    """Plan ``config`` against ``budget`` ("24GiB", bytes) on ``device`` ("cuda" adds the
+    CUDA context and allocator slack; "cpu" counts tensors only, as the CPU tracker does).
+    ``example_batch``: one micro-batch of inputs, needed for model.factory models."""
+    budget_bytes = _budget(budget)
+    if device not in ("cuda", "cpu"):
+        raise ConfigError(f"device={device!r} is not one of: cuda, cpu")
+    given = estimate(config, device, example_batch)
+    rows, skipped = [], {}
+    for name, overrides in strategies(_chunked_loss_ok(config)):
+        try:
+            row = estimate(with_overrides(config, overrides), device, example_batch)
+        except MemfitError as error:  # e.g. no blocks to checkpoint in this model
+            skipped[name] = str(error)
+            continue
+        rows.append(StrategyEstimate(name, overrides, row, row.device_bytes <= budget_bytes))
+    chosen, micro_batch, reason = _choose(config, rows, budget_bytes, device, example_batch)
+    overrides = {**chosen.overrides, **micro_batch} if chosen else {}
+    return Plan(budget_bytes, device, given, rows, skipped,
+                chosen.name if chosen else None, overrides, reason)
+
+
+def recommend(config: Config, budget_bytes: int, device: str = "cuda",
+              example_batch: ExampleBatch | None = None) -> tuple[str, Overrides, str]:
+    """(strategy name, config overrides, reason) for auto-fit; raises OutOfMemoryPlanError
+    (exit status 2) when nothing fits."""
+    result = plan(config, budget_bytes, device, example_batch)
+    if result.recommended is None:
+        raise OutOfMemoryPlanError(result.reason)
+    return result.recommended, result.recommended_overrides, result.reason
+
+
+def refuse_if_too_large(config: Config, available_bytes: int, device: str) -> None:
+    """Raise a ConfigError with the plan's numbers when training ``config`` as given
+    cannot fit ``available_bytes`` (what ``memfit train`` checks for large presets)."""
+    given = estimate(config, device)
+    if given.device_bytes > available_bytes:
+        name = config.model.preset or config.model.path or config.model.factory
+        raise ConfigError(
+            f"model.preset={name!r} needs {format_bytes(given.device_bytes)} to train as "
+            f"configured ({_itemized(given)}), but this machine has "
+            f"{format_bytes(available_bytes)}; see `memfit plan` for strategies that fit")
+
+
+def _budget(budget: str | int) -> int:
+    try:
+        value = parse_bytes(budget)
+    except ValueError as error:
+        raise ConfigError(f"--budget: {error}") from None
+    if value <= 0:
+        raise ConfigError(f"--budget must be positive, got {budget!r}")
+    return value
+
+
+def _chunked_loss_ok(config: Config) -> bool:
+    if config.model.task is not Task.CAUSAL_LM or config.model.factory:
+        return False
+    from memfit.techniques import chunked_loss
+
+    try:
+        chunked_loss.check_supported(meta.build(config, layers=1).model)
+    except ConfigError:
+        return False  # e.g. Gemma-2's final logit soft-capping
+    return True
+
+
+def _choose(config: Config, rows: list[StrategyEstimate], budget: int, device: str,
+            example_batch: ExampleBatch | None
+            ) -> tuple[StrategyEstimate | None, Overrides, str]:
+    """The first strategy in preference order that fits at some micro-batch."""
+    for row in rows:
+        micro = _largest_micro_batch(config, row, budget, device, example_batch)
+        if micro is None:
+            continue
+        why = f"{row.name} is the most preferred strategy that fits {format_bytes(budget)}"
+        position = rows.index(row)
+        if position:
+            before = rows[position - 1]
+            why += (f" (the one preferred before it, {before.name}, needs "
+                    f"{format_bytes(before.estimate.device_bytes)})")
+        size, steps = micro["train.micro_batch_size"], micro["train.gradient_accumulation_steps"]
+        needs = estimate(with_overrides(config, {**row.overrides, **micro}), device,
+                         example_batch)
+        why += (f"; largest micro-batch that fits: {size} x {steps} accumulation steps "
+                f"(needs {format_bytes(needs.device_bytes)}: {_itemized(needs)})")
+        return row, micro, why
+    smallest = min(rows, key=lambda r: r.estimate.device_bytes, default=None)
+    lowest = (f"; the smallest, {smallest.name} at micro-batch "
+              f"{smallest.estimate.micro_batch_size}, needs "
+              f"{format_bytes(smallest.estimate.device_bytes)}" if smallest else "")
+    return None, {}, f"no strategy fits {format_bytes(budget)} even at micro-batch 1{lowest}"
+
+
+def _largest_micro_batch(config: Config, row: StrategyEstimate, budget: int, device: str,
+                         example_batch: ExampleBatch | None) -> Overrides | None:
+    """Largest divisor b of the effective batch whose estimate fits (binary search over
+    divisors: bytes grow with b), with effective / b accumulation steps."""
+    if example_batch is not None:  # a factory's example fixes the micro-batch
+        return _micro(config.train.micro_batch_size, config) if row.fits else None
+    effective = config.train.micro_batch_size * config.train.gradient_accumulation_steps
+    divisors = [b for b in range(1, effective + 1) if effective % b == 0]
+    low, high, best = 0, len(divisors) - 1, None
+    while low <= high:
+        middle = (low + high) // 2
+        candidate = _micro(divisors[middle], config)
+        fits = (row.fits if divisors[middle] == config.train.micro_batch_size else
+                estimate(with_overrides(config, {**row.overrides, **candidate}), device)
+                .device_bytes <= budget)
+        if fits:
+            best, low = candidate, middle + 1
+        else:
+            high = middle - 1
+    return best
+
+
+def _micro(size: int, config: Config) -> Overrides:
+    effective = config.train.micro_batch_size * config.train.gradient_accumulation_steps
+    return {"train.micro_batch_size": size, "train.gradient_accumulation_steps": effective // size}
+
+
+def _itemized(row: Estimate) -> str:
+    parts = [f"{name} {format_bytes(value)}" for name, value in row.bytes.items() if value]
+    if row.device_overhead_bytes:
+        parts.append(f"overhead {format_bytes(row.device_overhead_bytes)}")
+    return ", ".join(parts)
+
+
+def as_config(config: Config | dict[str, Any] | str | Path) -> Config:
+    """A Config, a YAML-shaped mapping or a YAML path -> Config (planning checks only)."""
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, (str, Path)):
+        return load_plan_config(config, [])
+    return load_plan_config(None, [], base=config)
+
+
+def load_plan_config(path: str | Path | None, overrides: list[str],
+                     base: dict[str, Any] | None = None) -> Config:
+    """YAML + key=value overrides -> Config, checked for what planning needs only (a model
+    source); data.path and not-yet-trainable keys (qlora, galore, ...) may be planned."""
+    from memfit.config import load
+
+    raw = dict(base or {})
+    if path is not None:
+        raw = load.merge(raw, load.read_yaml(path))
+    # load._build converts and type-checks every key but skips config.validate, whose
+    # not-yet-supported list would refuse keys the planner must still plan.
+    config = load._build(Config, load.merge(raw, load.parse_overrides(overrides)), prefix="")
+    sources = [key for key in ("path", "preset", "factory") if getattr(config.model, key)]
+    if len(sources) != 1:
+        raise ConfigError("set exactly one of model.path, model.preset, model.factory "
+                          f"(got {', '.join('model.' + s for s in sources) or 'none'})")
+    return config

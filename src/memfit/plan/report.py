@@ -1,0 +1,53 @@
+"""``memfit plan``'s table: one row per strategy, bytes in binary units."""
+
+from __future__ import annotations
+
+from memfit._utils.sizes import format_bytes
+from memfit.config.schema import Config
+from memfit.plan.itemize import CATEGORIES, Estimate
+from memfit.plan.planner import Plan
+
+_COLUMNS = (*CATEGORIES, "peak", "+overhead", "host")
+
+
+def _cells(row: Estimate) -> list[str]:
+    values = [*(row.bytes[name] for name in CATEGORIES), row.peak_tensor_bytes,
+              row.device_bytes, row.host_bytes]
+    return [format_bytes(value) if value else "-" for value in values]
+
+
+def format_plan(result: Plan, config: Config) -> str:
+    model = config.model.preset or config.model.path or config.model.factory
+    lines = [f"memfit plan: {model}, micro-batch {config.train.micro_batch_size} x "
+             f"{config.data.max_length} tokens, {config.train.gradient_accumulation_steps} "
+             f"accumulation steps, budget {format_bytes(result.budget_bytes)} "
+             f"({result.device})", ""]
+    header = ["strategy", *_COLUMNS, "fits"]
+    rows = [["config (as given)", *_cells(result.config),
+             "yes" if result.config.device_bytes <= result.budget_bytes else "no"]]
+    for strategy in result.strategies:
+        mark = "yes" if strategy.fits else "no"
+        if strategy.name == result.recommended:
+            size = result.recommended_overrides["train.micro_batch_size"]
+            mark = ("yes" if strategy.fits else f"at micro-batch {size}") + " <- recommended"
+        rows.append([strategy.name, *_cells(strategy.estimate), mark])
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        cells = [cell.ljust(width) if i in (0, len(row) - 1) else cell.rjust(width)
+                 for i, (cell, width) in enumerate(zip(row, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip())
+    lines.append("")
+    for name, why in result.skipped.items():
+        lines.append(f"not planned: {name}: {why}")
+    recommended = result.recommended or "none"
+    lines.append(f"recommended: {recommended}: {result.reason}")
+    if result.recommended_overrides:
+        lines.append("apply with:  " + " ".join(
+            f"{key}={_value(value)}" for key, value in result.recommended_overrides.items()))
+    lines.append("peak = live tensor bytes (weights..temporaries at the peak); +overhead adds "
+                 "the CUDA context and allocator slack; host = offloaded bytes")
+    return "\n".join(lines)
+
+
+def _value(value: object) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)

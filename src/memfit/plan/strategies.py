@@ -1,0 +1,115 @@
+"""The strategies the planner compares, their order of preference, and the OOM ladder.
+
+A strategy is a set of config overrides (dotted keys, the values users write). Order of
+preference (docs/planner.md explains it): quality first, then speed —
+
+  methods  full-adamw, full-adamw8bit, full-adafactor, full-galore,
+           full-galore8bit-layerwise (bf16-pure), lora, qlora
+           (full-parameter training before adapters: GLUE avg full 86.28 > GaLore 85.89 >
+           LoRA 85.61, GaLore paper; 8-bit Adam matches 32-bit; a 4-bit base is lossy)
+  levels   plain, +ckpt (checkpointing, and chunked loss for LMs: ~30% slower),
+           +offload (also activations and optimizer state in host memory: slowest)
+
+so every level of a method is tried before the next method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from enum import Enum
+from typing import Any
+
+from memfit.config.schema import AdapterKind, Config, OptimizerName, Task
+
+Overrides = dict[str, Any]
+
+_FULL = {"adapter.kind": "none", "optimizer.layerwise": False, "precision": "bf16"}
+# Adapters: a bf16 frozen base (embeddings and norms included), fp32 adapters (PEFT).
+_ADAPTER = {"optimizer.name": "adamw", "optimizer.layerwise": False, "precision": "bf16",
+            "model.dtype": "bfloat16"}
+METHODS: list[tuple[str, Overrides]] = [
+    ("full-adamw", {**_FULL, "optimizer.name": "adamw"}),
+    ("full-adamw8bit", {**_FULL, "optimizer.name": "adamw8bit"}),
+    ("full-adafactor", {**_FULL, "optimizer.name": "adafactor"}),
+    ("full-galore", {**_FULL, "optimizer.name": "galore", "optimizer.galore.inner": "adamw"}),
+    ("full-galore8bit-layerwise", {**_FULL, "optimizer.name": "galore",
+                                   "optimizer.galore.inner": "adamw8bit",
+                                   "optimizer.layerwise": True, "precision": "bf16-pure"}),
+    ("lora", {**_ADAPTER, "adapter.kind": "lora"}),
+    ("qlora", {**_ADAPTER, "adapter.kind": "qlora"}),
+]
+_OFF = {"memory.gradient_checkpointing": False, "memory.chunked_loss": False,
+        "memory.activation_offload": False, "memory.optimizer_offload": False}
+
+
+def levels(full_parameter: bool, chunked_loss_ok: bool) -> list[tuple[str, Overrides]]:
+    checkpointing = {**_OFF, "memory.gradient_checkpointing": True,
+                     "memory.chunked_loss": chunked_loss_ok}
+    offload = {**checkpointing, "memory.activation_offload": True,
+               "memory.optimizer_offload": full_parameter}
+    return [("", dict(_OFF)), ("+ckpt", checkpointing), ("+offload", offload)]
+
+
+def strategies(chunked_loss_ok: bool) -> list[tuple[str, Overrides]]:
+    """Every (name, overrides) in order of preference."""
+    ordered = []
+    for method, overrides in METHODS:
+        full_parameter = overrides["adapter.kind"] == "none"
+        for suffix, memory in levels(full_parameter, chunked_loss_ok):
+            ordered.append((method + suffix, {**overrides, **memory}))
+    return ordered
+
+
+def with_overrides(config: Config, overrides: Overrides) -> Config:
+    """``config`` with dotted-key overrides applied, WITHOUT validation: the planner must
+    plan keys whose feature may still be rejected by config.validate."""
+    nested: dict[str, Any] = {}
+    for key, value in overrides.items():
+        node = nested
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return _replace(config, nested)
+
+
+def _replace(node: Any, changes: dict[str, Any]) -> Any:
+    updates = {}
+    for key, value in changes.items():
+        current = getattr(node, key)
+        if isinstance(value, dict):
+            updates[key] = _replace(current, value)
+        elif isinstance(current, Enum):
+            updates[key] = type(current)(value)
+        else:
+            updates[key] = value
+    return dataclasses.replace(node, **updates)
+
+
+def next_cheaper(config: Config) -> Overrides | None:
+    """The next rung of the OOM ladder as overrides, or None at the bottom.
+
+    1. divide the micro-batch by its smallest factor and multiply accumulation by it (the
+       effective batch and the loss normalisation stay the same), down to 1;
+    2. activation checkpointing; 3. chunked loss (causal LMs); 4. 8-bit optimizer state;
+    5. activation offload; 6. optimizer-state offload.
+    """
+    train, memory, optimizer = config.train, config.memory, config.optimizer
+    if train.micro_batch_size > 1:
+        factor = next(f for f in range(2, train.micro_batch_size + 1)
+                      if train.micro_batch_size % f == 0)
+        return {"train.micro_batch_size": train.micro_batch_size // factor,
+                "train.gradient_accumulation_steps": train.gradient_accumulation_steps * factor}
+    if not memory.gradient_checkpointing:
+        return {"memory.gradient_checkpointing": True}
+    if not memory.chunked_loss and config.model.task is Task.CAUSAL_LM and not config.model.factory:
+        return {"memory.chunked_loss": True}
+    if optimizer.name is OptimizerName.ADAMW:
+        return {"optimizer.name": "adamw8bit"}
+    if optimizer.name is OptimizerName.GALORE and optimizer.galore.inner.value == "adamw":
+        return {"optimizer.galore.inner": "adamw8bit"}
+    if not memory.activation_offload:
+        return {"memory.activation_offload": True}
+    if not memory.optimizer_offload and config.adapter.kind is AdapterKind.NONE:
+        return {"memory.optimizer_offload": True}
+    return None

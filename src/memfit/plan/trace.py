@@ -1,0 +1,254 @@
+"""Activations and temporaries, measured by running one training micro-batch on fake tensors.
+
+The model's parameters are ``FakeTensor``s on "cpu" (shape, dtype and device, no data), so
+the forward and backward below execute every real op — autocast casts, checkpoint
+recomputation, the attention kernel CPU and CUDA would pick (flash-style: output +
+logsumexp, no seq x seq matrix) — while allocating nothing. ``LiveBytes``, a
+``TorchDispatchMode`` stacked on top of the fake mode, counts the live storages exactly as
+``monitor.tensor_tracker.TensorTracker`` counts real ones, with the same categories and
+the same rule for what an activation is (saved for backward, or allocated with grad
+enabled under another saved-tensors hook: checkpoint, offload), so plan and measurement
+speak one vocabulary.
+
+Activation offload is emulated, not run (``save_on_cpu`` would allocate real host
+memory): every tensor saved for backward moves to ``host`` bytes and comes back as a new
+device tensor when backward unpacks it — what ``save_on_cpu`` does, parameters included.
+
+Data-dependent selections (``x[mask]``, ``nonzero``) are taken to keep every element:
+every position carries a label, as with packed text.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+CATEGORIES: tuple[str, ...] = ("weights", "grads", "activations", "temporaries")
+WEIGHTS, GRADS, ACTIVATIONS, TEMPORARIES = range(len(CATEGORIES))
+
+_SELECTIONS = {torch.ops.aten.nonzero.default, torch.ops.aten.index.Tensor,
+               torch.ops.aten.masked_select.default}
+
+
+@dataclass(frozen=True)
+class TraceResult:
+    """Bytes of one micro-batch's forward + backward, at two moments.
+
+    ``peak``: the split at the highest live total. ``peak_without_grads``: the split at
+    the highest total of everything but grads — the peak when grads already exist from an
+    earlier micro-batch (add them all) or are consumed as they appear (layer-wise: add one).
+    """
+
+    peak: dict[str, int]
+    peak_without_grads: dict[str, int]
+    host_peak_bytes: int  # activations held in host memory by offload
+
+
+class _Storage(weakref.ref):
+    __slots__ = ("key", "nbytes", "category", "born")
+
+
+class LiveBytes(TorchDispatchMode):
+    """Counts live (fake) storages by category; see the module docstring."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._records: dict[int, _Storage] = {}
+        self._bytes = [0] * len(CATEGORIES)
+        self._seq = 0
+        self._peaks = {"all": ([0] * len(CATEGORIES), 0), "nograd": ([0] * len(CATEGORIES), 0)}
+        self.host_bytes = 0
+        self.host_peak_bytes = 0
+        self.pack_hook = self._pack
+
+    # ---- results ----------------------------------------------------------------------
+    def result(self) -> TraceResult:
+        split = {name: dict(zip(CATEGORIES, values, strict=True))
+                 for name, (values, _) in self._peaks.items()}
+        return TraceResult(split["all"], split["nograd"], self.host_peak_bytes)
+
+    # ---- registration -----------------------------------------------------------------
+    def add(self, tensor: torch.Tensor, category: int) -> None:
+        """Count ``tensor``'s storage (if new) or move it to a higher-priority category."""
+        storage = tensor.untyped_storage()
+        record = self._records.get(id(storage))
+        if record is None:
+            if not storage.nbytes():
+                return
+            record = _Storage(storage, self._free)
+            record.key, record.nbytes, record.category = id(storage), storage.nbytes(), category
+            self._seq += 1
+            record.born = self._seq
+            self._records[id(storage)] = record
+            self._bytes[category] += record.nbytes
+            self._update_peaks()
+        elif category < record.category:
+            self._bytes[record.category] -= record.nbytes
+            self._bytes[category] += record.nbytes
+            for values, seq in self._peaks.values():
+                if record.born <= seq:  # alive at that peak, in the role now known
+                    values[record.category] -= record.nbytes
+                    values[category] += record.nbytes
+            record.category = category
+
+    def _free(self, record: _Storage) -> None:
+        if self._records.get(record.key) is record:
+            del self._records[record.key]
+            self._bytes[record.category] -= record.nbytes
+
+    def _update_peaks(self) -> None:
+        total = sum(self._bytes)
+        values, _ = self._peaks["all"]
+        if total > sum(values):
+            self._peaks["all"] = (self._bytes.copy(), self._seq)
+        values, _ = self._peaks["nograd"]
+        if total - self._bytes[GRADS] > sum(values) - values[GRADS]:
+            self._peaks["nograd"] = (self._bytes.copy(), self._seq)
+
+    # ---- hooks ------------------------------------------------------------------------
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        self.add(tensor, ACTIVATIONS)
+        return tensor
+
+    def _fresh_category(self) -> int:
+        if not torch.is_grad_enabled():
+            return TEMPORARIES
+        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if top is not None and top[0] is not self.pack_hook:
+            return ACTIVATIONS  # inside checkpoint (or its recomputation)
+        return TEMPORARIES
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        if func in _SELECTIONS and _selects_by_mask(func, args):
+            out = _keep_everything(func, args)
+        else:
+            out = func(*args, **kwargs)
+        category = self._fresh_category()
+        for tensor in out if isinstance(out, (tuple, list)) else (out,):
+            if (isinstance(tensor, torch.Tensor)
+                    and id(tensor.untyped_storage()) not in self._records):
+                self.add(tensor, category)
+        return out
+
+
+def _selects_by_mask(func: Any, args: tuple) -> bool:
+    if func is torch.ops.aten.index.Tensor:
+        return any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1])
+    return True
+
+
+def _keep_everything(func: Any, args: tuple) -> torch.Tensor:
+    """Output of a boolean selection whose mask is all true (fake: shapes only)."""
+    source = args[0]
+    if func is torch.ops.aten.nonzero.default:
+        return torch.empty(source.numel(), source.dim(), dtype=torch.long)
+    if func is torch.ops.aten.masked_select.default:
+        return torch.empty(args[1].numel(), dtype=source.dtype)
+    (mask,) = [i for i in args[1] if i is not None]
+    return torch.empty((mask.numel(), *source.shape[mask.dim():]), dtype=source.dtype)
+
+
+class _HostCopy:
+    """What offload keeps per saved tensor: its bytes in host memory and how to rebuild it."""
+
+    __slots__ = ("shape", "stride", "dtype", "__weakref__")
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.shape, self.stride, self.dtype = tensor.shape, tensor.stride(), tensor.dtype
+
+
+def _offload_hooks(live: LiveBytes) -> torch.autograd.graph.saved_tensors_hooks:
+    def pack(tensor: torch.Tensor) -> _HostCopy:
+        copy = _HostCopy(tensor)
+        nbytes = tensor.untyped_storage().nbytes()
+        live.host_bytes += nbytes
+        live.host_peak_bytes = max(live.host_peak_bytes, live.host_bytes)
+        weakref.finalize(copy, _release, live, nbytes)
+        return copy
+
+    def unpack(copy: _HostCopy) -> torch.Tensor:
+        return torch.empty_strided(copy.shape, copy.stride, dtype=copy.dtype)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+def _release(live: LiveBytes, nbytes: int) -> None:
+    live.host_bytes -= nbytes
+
+
+def to_fake(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
+    """Replace every meta parameter/buffer by a fake CPU tensor, in place (ties kept)."""
+    converted: dict[int, torch.Tensor] = {}
+
+    def fake(tensor: torch.Tensor) -> torch.Tensor:
+        if id(tensor) not in converted:
+            with mode:
+                new = torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype,
+                                          device="cpu")
+            if isinstance(tensor, nn.Parameter):
+                new = nn.Parameter(new, requires_grad=tensor.requires_grad)
+            converted[id(tensor)] = new
+        return converted[id(tensor)]
+
+    for module in model.modules():
+        for table in (module._parameters, module._buffers):
+            for name, tensor in table.items():
+                if tensor is not None:
+                    table[name] = fake(tensor)
+    return model
+
+
+def trace_micro_batch(
+    model: nn.Module,
+    make_batch: Callable[[], dict[str, Any]],
+    loss_sum: Callable[[nn.Module, dict[str, Any]], torch.Tensor],
+    autocast_dtype: torch.dtype | None,
+    activation_offload: bool,
+) -> TraceResult:
+    """Forward + backward of one micro-batch on ``model`` (meta parameters; converted to
+    fake in place). ``make_batch`` runs under the fake mode and builds the inputs."""
+    mode = _fake_mode()
+    to_fake(model, mode)
+    live = LiveBytes()
+    for tensor in [*model.parameters(), *model.buffers()]:
+        live.add(tensor, WEIGHTS)
+    handles = [p.register_post_accumulate_grad_hook(lambda p: live.add(p.grad, GRADS))
+               for p in model.parameters() if p.requires_grad]
+    offload = _offload_hooks(live) if activation_offload else contextlib.nullcontext()
+    autocast = (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype
+                else contextlib.nullcontext())
+    try:
+        with mode, live, torch.autograd.graph.saved_tensors_hooks(live.pack_hook, _identity):
+            batch = make_batch()
+            with autocast, offload:
+                loss = loss_sum(model, batch)
+            loss.backward()
+            del loss, batch
+    finally:
+        for handle in handles:
+            handle.remove()
+    return live.result()
+
+
+_MODES: list[FakeTensorMode] = []
+
+
+def _fake_mode() -> FakeTensorMode:
+    """One fake mode for every trace: its cache of op output metadata carries over, which
+    makes the many traces of one plan several times faster."""
+    if not _MODES:
+        _MODES.append(FakeTensorMode())
+    return _MODES[0]
+
+
+def _identity(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor

@@ -1,0 +1,71 @@
+"""Per-step memory in metrics/summary/plot, and OOM recovery under the simulated budget:
+the recovered run retries the same steps and logs the same losses as an unconstrained run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_cli, tiny_run_arguments
+from transformers import AutoModelForCausalLM
+
+import memfit
+from memfit.config import load_config
+from memfit.models.presets import tiny_llama
+from memfit.monitor.metrics import read_metrics
+
+
+def train(data: Path, output_dir: Path, *overrides: str):
+    path, *rest = tiny_run_arguments(data, output_dir, "log.tensorboard=false",
+                                     "train.max_steps=3", "optimizer.lr=1e-2", *overrides)
+    return memfit.train(load_config(path, rest))
+
+
+def test_every_step_reports_memory_by_category(tmp_path: Path, instructions: Path):
+    result = train(instructions, tmp_path / "run", "train.micro_batch_size=4")
+    steps = [r for r in read_metrics(result.output_dir) if "loss" in r]
+    parameter_bytes = 4 * result.summary["total_parameters"]
+    model = AutoModelForCausalLM.from_config(tiny_llama())
+    buffer_bytes = sum(b.nbytes for b in model.buffers())  # rotary inv_freq
+    for record in steps:
+        parts = sum(record[f"memory_{c}_bytes"] for c in
+                    ("weights", "grads", "optimizer", "activations", "temporaries"))
+        assert parts == record["memory_peak_bytes"]
+        # fp32 weights (tied embeddings are one tensor) and buffers count as weights.
+        assert record["memory_weights_bytes"] == parameter_bytes + buffer_bytes
+    # AdamW holds two fp32 moments per parameter (plus one 0-d step tensor each).
+    assert steps[-1]["memory_live_bytes_at_end"] >= 3 * parameter_bytes
+    summary = json.loads((result.output_dir / "summary.json").read_text())
+    assert summary["memory_peak_bytes"] == max(r["memory_peak_bytes"] for r in steps)
+    assert (result.output_dir / "memory.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_out_of_memory_steps_down_and_matches_the_unconstrained_run(tmp_path: Path,
+                                                                     instructions: Path):
+    common = ["data.eval_fraction=0.2", "train.eval_every=3"]
+    free = train(instructions, tmp_path / "free", "train.micro_batch_size=8", *common)
+    small = train(instructions, tmp_path / "small", "train.micro_batch_size=2",
+                  "train.gradient_accumulation_steps=4", *common)
+    big_peak, small_peak = free.summary["memory_peak_bytes"], small.summary["memory_peak_bytes"]
+    assert small_peak < big_peak
+    budget = (small_peak + big_peak) // 2
+    constrained = train(instructions, tmp_path / "constrained", "train.micro_batch_size=8",
+                        f"memory.budget={budget}", *common)
+    assert constrained.losses == pytest.approx(free.losses, rel=1e-5)
+    assert constrained.eval_losses == pytest.approx(free.eval_losses, rel=1e-5)
+    events = [r for r in read_metrics(constrained.output_dir) if r.get("event")]
+    assert events  # the first AdamW step adds two moments: OOM comes at step 1 or 2
+    assert "train.micro_batch_size 8 -> 4" in events[0]["change"]
+    assert constrained.summary["memory_peak_bytes"] <= budget
+    resolved = (constrained.output_dir / "config.yaml").read_text()
+    assert "micro_batch_size: 8" not in resolved  # resume continues with what fitted
+
+
+def test_nothing_fits_exits_2_with_one_line(tmp_path: Path, instructions: Path):
+    result = run_cli("train", *tiny_run_arguments(instructions, tmp_path / "run",
+                                                  "memory.budget=64KiB", "train.max_steps=2"),
+                     cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert "memory.budget=64KiB" in result.stderr and "memfit plan" in result.stderr

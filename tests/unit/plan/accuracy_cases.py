@@ -1,0 +1,184 @@
+"""Plan-vs-measured cases shared by tests/unit/plan and benchmarks/plan_accuracy.py.
+
+Each case is a small architecture trained for real on CPU with ``training.build`` and the
+loop's step (forward under autocast, backward of loss / items, clip, optimizer step), while
+``monitor.memory.CpuMemoryMeter`` counts live tensor storages; the measured peak of the
+steady-state steps is compared with ``plan.estimate``'s ``peak_tensor_bytes``.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from memfit.config import from_mapping
+from memfit.config.schema import Config
+
+SEQUENCE = 64
+MICRO_BATCH = 2
+
+
+class EncoderClassifier(nn.Module):
+    """BERT-style encoder (hidden 64, 2 layers) with a classification head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from transformers import BertConfig, BertModel
+
+        self.encoder = BertModel(BertConfig(vocab_size=300, hidden_size=64, num_hidden_layers=2,
+                                            num_attention_heads=4, intermediate_size=128,
+                                            max_position_embeddings=SEQUENCE),
+                                 add_pooling_layer=False)
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, input_ids: torch.Tensor, classes: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(input_ids=input_ids).last_hidden_state  # [batch, seq, 64]
+        return F.cross_entropy(self.head(hidden[:, 0]), classes.view(-1))
+
+
+class ConvAutoencoder(nn.Module):
+    """Conv encoder / transposed-conv decoder on 1 x 32 x 32 images."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.Sequential(
+            nn.Conv2d(1, 16, 3, stride=2, padding=1), nn.ReLU(),        # 16 x 16 x 16
+            nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.ReLU(),       # 32 x 8 x 8
+            nn.ConvTranspose2d(32, 16, 4, stride=2, padding=1), nn.ReLU(),  # 16 x 16 x 16
+            nn.ConvTranspose2d(16, 1, 4, stride=2, padding=1),          # 1 x 32 x 32
+        )
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(self.blocks(images), images)
+
+
+def encoder_classifier() -> nn.Module:
+    return EncoderClassifier()
+
+
+def conv_autoencoder() -> nn.Module:
+    return ConvAutoencoder()
+
+
+def write_data(folder: Path) -> dict[str, Path]:
+    """A text corpus (causal LMs) and tensor files (the two factory models)."""
+    rng = np.random.default_rng(0)
+    text = folder / "corpus.txt"
+    text.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog"
+                              for i in range(200)))
+    tokens = folder / "tokens.npz"
+    np.savez(tokens, input_ids=rng.integers(3, 300, (32, SEQUENCE)),
+             classes=rng.integers(0, 4, (32, 1)))  # [rows, 1]: one label per example
+    images = folder / "images.npz"
+    np.savez(images, images=rng.normal(size=(32, 1, 32, 32)).astype(np.float32))
+    return {"text": text, "tokens": tokens, "images": images}
+
+
+def tiny_gpt2_folder(folder: Path) -> Path:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from memfit.models.tokenizers import BYTE_VOCAB_SIZE, byte_level_tokenizer
+
+    path = folder / "gpt2-tiny"
+    if not path.exists():
+        torch.manual_seed(0)
+        GPT2LMHeadModel(GPT2Config(vocab_size=BYTE_VOCAB_SIZE, n_positions=128, n_embd=64,
+                                   n_layer=2, n_head=4)).save_pretrained(path)
+        byte_level_tokenizer().save_pretrained(path)  # a folder without one gets a broken one
+    return path
+
+
+def architectures(data: dict[str, Path], folder: Path) -> dict[str, tuple[dict, dict | None]]:
+    """name -> (config mapping, example micro-batch for the planner or None)."""
+    text = {"data": {"path": str(data["text"]), "format": "text", "max_length": SEQUENCE,
+                     "eval_fraction": 0.0}}
+    tensors = {"format": "tensors", "eval_fraction": 0.0}
+    return {
+        "llama": ({"model": {"preset": "tiny-llama"}, **text}, None),
+        "gpt2": ({"model": {"path": str(tiny_gpt2_folder(folder))}, **text}, None),
+        "bert-encoder": (
+            {"model": {"factory": "accuracy_cases:encoder_classifier", "task": "custom"},
+             "data": {"path": str(data["tokens"]), **tensors}},
+            {"input_ids": torch.zeros(MICRO_BATCH, SEQUENCE, dtype=torch.long),
+             "classes": torch.zeros(MICRO_BATCH, 1, dtype=torch.long)}),
+        "conv-autoencoder": (
+            {"model": {"factory": "accuracy_cases:conv_autoencoder", "task": "custom"},
+             "data": {"path": str(data["images"]), **tensors}},
+            {"images": torch.zeros(MICRO_BATCH, 1, 32, 32)}),
+    }
+
+
+# strategy name -> overrides on top of an architecture.
+STRATEGIES: dict[str, dict] = {
+    "adamw": {"optimizer": {"name": "adamw"}},
+    "adamw-bf16": {"optimizer": {"name": "adamw"}, "precision": "bf16"},
+    "adamw8bit": {"optimizer": {"name": "adamw8bit"}},
+    "adafactor": {"optimizer": {"name": "adafactor"}},
+    "adamw-accumulate": {"optimizer": {"name": "adamw"},
+                         "train": {"gradient_accumulation_steps": 2}},
+    "lora": {"adapter": {"kind": "lora", "rank": 4}},
+    "lora-checkpointing": {"adapter": {"kind": "lora", "rank": 4},
+                           "memory": {"gradient_checkpointing": True}},
+}
+
+
+# What each architecture cannot run: memfit's LoRA targets nn.Linear / nn.Conv (GPT-2 uses
+# transformers' Conv1D); the autoencoder has no repeated blocks to checkpoint.
+SKIP = {("gpt2", "lora"), ("gpt2", "lora-checkpointing"),
+        ("conv-autoencoder", "lora-checkpointing")}
+ADAPTER_TARGETS = {"conv-autoencoder": ["conv"]}
+
+
+def cases(data: dict[str, Path], folder: Path):
+    """(architecture, strategy, Config, example batch) for every valid pair."""
+    for arch, (base, example) in architectures(data, folder).items():
+        for name, overrides in STRATEGIES.items():
+            if (arch, name) in SKIP:
+                continue
+            if "adapter" in overrides and arch in ADAPTER_TARGETS:
+                overrides = {**overrides, "adapter": {**overrides["adapter"],
+                                                      "targets": ADAPTER_TARGETS[arch]}}
+            yield arch, name, config_for(base, overrides), example
+
+
+def config_for(base: dict, overrides: dict) -> Config:
+    from memfit.config.load import merge
+
+    common = {"train": {"micro_batch_size": MICRO_BATCH, "max_steps": 3, "max_grad_norm": 1.0},
+              "log": {"tensorboard": False, "progress": False}}
+    return from_mapping(merge(merge(common, base), overrides))
+
+
+def measure_peak_bytes(config: Config, steps: int = 3) -> int:
+    """Peak live tensor bytes of real training steps on CPU (the memory meter's view)."""
+    from memfit.monitor.memory import CpuMemoryMeter
+    from memfit.training.batches import BatchStream
+    from memfit.training.build import build_run
+    from memfit.training.precision import autocast
+
+    run = build_run(config)
+    run.model.train()  # as the loop does: from_pretrained returns a model in eval mode
+    meter = CpuMemoryMeter()
+    meter.attach(run.model, run.optimizer)
+    train = config.train
+    stream = BatchStream(run.splits.train, train.micro_batch_size, train.seed, run.collate)
+    for _ in range(steps):
+        batches = [stream.next_batch() for _ in range(train.gradient_accumulation_steps)]
+        items = sum(run.objective.count(batch) for batch in batches)
+        with meter.step():
+            for batch in batches:
+                with autocast(config.precision, run.device):
+                    loss = run.objective.loss_sum(run.model, batch)
+                (loss / max(items, 1)).backward()
+                del loss
+            max_norm = train.max_grad_norm or math.inf
+            torch.nn.utils.clip_grad_norm_(run.trainable_parameters, max_norm)
+            run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+    return meter.peak.peak_bytes
+

@@ -1,0 +1,99 @@
+"""Planning without allocating, depth extrapolation, the JSON schema, recommendation, ladder."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from memfit._utils.errors import ConfigError, OutOfMemoryPlanError
+from memfit.config.schema import Config
+from memfit.monitor.tensor_tracker import TensorTracker
+from memfit.plan import estimate, next_cheaper, plan, recommend, with_overrides
+from memfit.plan.planner import load_plan_config
+from memfit.plan.report import format_plan
+
+
+def preset(name: str, *overrides: str) -> Config:
+    return load_plan_config(None, [f"model.preset={name}", "data.max_length=64",
+                                   "train.micro_batch_size=2", *overrides])
+
+
+def test_planning_a_70b_model_allocates_no_real_tensor():
+    tracker = TensorTracker()
+    with tracker:
+        result = estimate(preset("llama-2-70b", "adapter.kind=qlora",
+                                 "memory.gradient_checkpointing=true", "precision=bf16"))
+    assert tracker.peak_bytes < 8 * 2**20  # small helper tensors at most, never model-sized
+    # 69B parameters in NF4 (4.127 bits) plus the bf16 embedding and head: ~34-36 GiB.
+    assert 34 * 2**30 < result.bytes["weights"] < 37 * 2**30
+
+
+def test_depth_extrapolation_matches_tracing_every_layer(tmp_path, monkeypatch):
+    from transformers import LlamaConfig
+
+    import memfit.plan.itemize as module
+
+    LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                num_attention_heads=4, num_key_value_heads=2).save_pretrained(tmp_path)
+    config = load_plan_config(None, [f"model.path={tmp_path}", "data.max_length=64",
+                                     "adapter.kind=lora", "precision=bf16"])
+    extrapolated = estimate(config, device="cpu")
+    monkeypatch.setattr(module, "EXACT_DEPTH", 16)
+    monkeypatch.setattr(module, "_SIZING_CACHE", {})
+    exact = estimate(config, device="cpu")
+    assert abs(extrapolated.peak_tensor_bytes / exact.peak_tensor_bytes - 1) < 0.01
+    assert extrapolated.bytes["weights"] == exact.bytes["weights"]
+
+
+def test_json_schema_is_the_documented_one_and_the_table_marks_the_choice():
+    config = preset("tiny-llama")
+    planned = plan(config, "64MiB", device="cpu")
+    assert "full-adamw  " in format_plan(planned, config)
+    assert "yes <- recommended" in format_plan(planned, config)
+    result = planned.to_json()
+    assert set(result) == {"config", "strategies", "recommended", "reason"}
+    estimate_keys = {"bytes", "peak_tensor_bytes", "device_overhead_bytes", "host_bytes"}
+    assert set(result["config"]) == estimate_keys
+    assert set(result["config"]["bytes"]) == {"weights", "grads", "optimizer", "activations",
+                                              "temporaries"}
+    for row in result["strategies"]:
+        assert set(row) == estimate_keys | {"name", "overrides", "fits"}
+    assert result["recommended"] == "full-adamw"  # everything fits; the first is preferred
+    json.dumps(result)
+
+
+def test_recommendation_follows_preference_and_proposes_a_micro_batch():
+    config = preset("tiny-llama", "train.micro_batch_size=8")
+    smallest_full_adamw = estimate(with_overrides(config, {
+        "precision": "bf16", "train.micro_batch_size": 1, "train.gradient_accumulation_steps": 8,
+    }), device="cpu")
+    name, overrides, reason = recommend(config, smallest_full_adamw.peak_tensor_bytes - 1,
+                                        device="cpu")
+    assert name != "full-adamw" and name in reason
+    assert overrides["train.micro_batch_size"] * overrides[
+        "train.gradient_accumulation_steps"] == 8
+    with pytest.raises(OutOfMemoryPlanError, match="no strategy fits"):
+        recommend(config, 1000, device="cpu")
+
+
+def test_bad_budget_names_the_flag():
+    with pytest.raises(ConfigError, match="--budget"):
+        plan(preset("tiny-llama"), "24 parsecs")
+
+
+def test_ladder_steps_down_in_the_documented_order():
+    config = preset("tiny-llama", "train.micro_batch_size=4", "optimizer.name=adamw")
+    rungs = []
+    while (overrides := next_cheaper(config)) is not None:
+        rungs.append(overrides)
+        config = with_overrides(config, overrides)
+    assert rungs == [
+        {"train.micro_batch_size": 2, "train.gradient_accumulation_steps": 2},
+        {"train.micro_batch_size": 1, "train.gradient_accumulation_steps": 4},
+        {"memory.gradient_checkpointing": True},
+        {"memory.chunked_loss": True},
+        {"optimizer.name": "adamw8bit"},
+        {"memory.activation_offload": True},
+        {"memory.optimizer_offload": True},
+    ]
