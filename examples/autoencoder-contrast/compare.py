@@ -12,9 +12,9 @@ pretrained, LoRA-adapted and fully fine-tuned models, and each run's peak tensor
 a training step as its metrics.jsonl logged them (memfit.monitor.memory), and writes
 RUN_DIR/reconstructions.png: input / before / after LoRA / full fine-tuning.
 
-The LoRA result is evaluated as `memfit merge` would hand it over for a plain module: the
-adapters merged into the weights, the state dict loaded into the user's own model class
-with load_state_dict(strict=True).
+The LoRA result is evaluated as `memfit merge RUN_DIR --out RUN_DIR/merged` hands it over
+for a plain module: the adapters merged into the weights, a state dict loaded into the
+user's own model class with load_state_dict(strict=True).
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import matplotlib
 import torch
-from peft import PeftModel
 from safetensors.torch import load_file
 from torch import nn
 
 import memfit
 from memfit.config import Config, load_config
 from memfit.data import build_datasets, collate
+from memfit.merge import merge_run
 from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY, record_key
 from memfit.monitor.metrics import read_metrics
 from memfit.training.image_metrics import psnr, ssim
@@ -58,8 +58,9 @@ def main() -> None:
                                  [*full_overrides, f"train.output_dir={full_run}"]))
 
     models = {"before (pretrained)": user_model.pretrained(),
-              "after LoRA (merged)": merged_lora(lora_run / "adapter"),
-              "full fine-tuning": trained_in_full(full_run / "model" / "model.safetensors")}
+              "after LoRA (merged)": trained_weights(
+                  merge_run(lora_run, lora_run / "merged") / "model.safetensors"),
+              "full fine-tuning": trained_weights(full_run / "model" / "model.safetensors")}
     images = eval_images(lora_config)
     memory = {"after LoRA (merged)": peak_memory(lora_run),
               "full fine-tuning": peak_memory(full_run)}
@@ -94,14 +95,7 @@ def eval_images(config: Config) -> torch.Tensor:
     return collate([splits.eval[i] for i in range(len(splits.eval))])["images"]
 
 
-def merged_lora(adapter_folder: Path) -> nn.Module:
-    merged = PeftModel.from_pretrained(user_model.pretrained(), adapter_folder).merge_and_unload()
-    model = user_model.architecture()
-    model.load_state_dict(merged.state_dict(), strict=True)
-    return model
-
-
-def trained_in_full(weights: Path) -> nn.Module:
+def trained_weights(weights: Path) -> nn.Module:
     model = user_model.architecture()
     model.load_state_dict(load_file(weights), strict=True)
     return model

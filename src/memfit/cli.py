@@ -7,6 +7,7 @@ traceback instead.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -172,6 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # bitsandbytes tries an optional CPU kernel from a hub on import and warns when it
+    # cannot (always, offline); it falls back to its own kernel, so the warning is noise.
+    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -69,3 +69,43 @@ def test_nothing_fits_exits_2_with_one_line(tmp_path: Path, instructions: Path):
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "memory.budget=64KiB" in result.stderr and "memfit plan" in result.stderr
+
+
+def test_a_rung_that_rebuilds_the_model_keeps_the_losses(tmp_path: Path, instructions: Path):
+    """Micro-batch 1 cannot be split: the ladder turns on activation checkpointing, which
+    rebuilds the model and carries weights, optimizer state and schedule across."""
+    common = ["train.micro_batch_size=1", "data.eval_fraction=0"]
+    free = train(instructions, tmp_path / "free", *common)
+    saving = train(instructions, tmp_path / "saving", "memory.gradient_checkpointing=true",
+                   *common)
+    free_peak, saving_peak = (r.summary["memory_peak_bytes"] for r in (free, saving))
+    assert saving_peak < free_peak
+    constrained = train(instructions, tmp_path / "constrained",
+                        f"memory.budget={(free_peak + saving_peak) // 2}", *common)
+    assert constrained.losses == pytest.approx(free.losses, rel=1e-5)
+    events = [r["change"] for r in read_metrics(constrained.output_dir) if r.get("event")]
+    assert events == ["memory.gradient_checkpointing False -> True"]
+
+
+def test_auto_fit_applies_the_plan_and_records_why(tmp_path: Path, instructions: Path):
+    free = train(instructions, tmp_path / "free", "train.micro_batch_size=4")
+    budget = int(free.summary["memory_peak_bytes"] * 0.6)
+    fitted = train(instructions, tmp_path / "fitted", "train.micro_batch_size=4",
+                   "memory.auto=true", f"memory.budget={budget}")
+    choice = fitted.summary["auto_fit"]
+    assert choice["reason"]
+    # At 0.6x the measured peak the given setting cannot stay: a cheaper strategy or a
+    # smaller micro-batch (with more accumulation) is chosen.
+    assert (choice["strategy"] != "full-adamw"
+            or choice["overrides"]["train.micro_batch_size"] < 4)
+    assert fitted.summary["memory_peak_bytes"] <= budget
+    resolved = (fitted.output_dir / "config.yaml").read_text()
+    assert resolved.startswith(f"# memory.auto chose {choice['strategy']}")
+    assert fitted.losses[3] < fitted.losses[1]
+
+
+def test_train_refuses_a_preset_too_large_for_this_machine(tmp_path: Path):
+    result = run_cli("train", "model.preset=llama-2-70b", cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "model.preset='llama-2-70b' needs" in result.stderr
+    assert "memfit plan" in result.stderr and not (tmp_path / "runs").exists()

@@ -11,12 +11,21 @@ from collections.abc import Iterator
 from pathlib import Path
 
 
+def _default_mode(directory: bool) -> int:
+    """The mode a plain open()/mkdir() would give under the current umask (tempfile's
+    private 0600/0700 would otherwise survive the rename)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return (0o777 if directory else 0o666) & ~umask
+
+
 def write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.",
                                      suffix=".tmp", delete=False, encoding="utf-8") as handle:
         handle.write(text)
         temporary = Path(handle.name)
+    os.chmod(temporary, _default_mode(directory=False))
     os.replace(temporary, path)
 
 
@@ -25,6 +34,7 @@ def staged_folder(final: Path) -> Iterator[Path]:
     """Yield a temporary sibling folder to fill; on success it replaces ``final``."""
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
+    os.chmod(staging, _default_mode(directory=True))
     try:
         yield staging
     except BaseException:

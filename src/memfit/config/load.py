@@ -108,7 +108,7 @@ def from_mapping(raw: dict[str, Any] | None) -> Config:
     """Build and validate a Config from a raw mapping (YAML or Python)."""
     from memfit.config.validate import validate
 
-    config = _build(Config, raw or {}, prefix="")
+    config = build_unvalidated(Config, raw or {}, prefix="")
     validate(config)
     return config
 
@@ -138,7 +138,9 @@ def to_yaml(config: Config) -> str:
     return yaml.safe_dump(to_mapping(config), sort_keys=False)
 
 
-def _build(cls: type, raw: Any, prefix: str) -> Any:
+def build_unvalidated(cls: type, raw: Any, prefix: str = "") -> Any:
+    """Convert and type-check every key of ``raw`` into ``cls`` without the cross-key
+    rules of ``validate`` (the planner builds strategies no user asked for)."""
     where = prefix.rstrip(".") or "the config"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping of keys, got {raw!r}")
@@ -174,7 +176,7 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
                 continue
         return _convert(options[-1], value, key)
     if dataclasses.is_dataclass(hint):
-        return _build(hint, value, prefix=f"{key}.")
+        return build_unvalidated(hint, value, prefix=f"{key}.")
     if isinstance(hint, type) and issubclass(hint, Enum):
         try:
             return hint(value)

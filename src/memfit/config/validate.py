@@ -135,7 +135,6 @@ def _check_combinations(config: Config) -> None:
 
 # Keys whose feature lands with a later issue: (predicate, message).
 _NOT_YET = [
-    (lambda c: c.memory.auto, "memory.auto=true"),
     (lambda c: c.distributed.strategy is not DistributedStrategy.NONE,
      "distributed.strategy=fsdp"),
     (lambda c: c.distributed.nproc != 1, "distributed.nproc > 1"),

@@ -196,9 +196,9 @@ def load_plan_config(path: str | Path | None, overrides: list[str],
     raw = dict(base or {})
     if path is not None:
         raw = load.merge(raw, load.read_yaml(path))
-    # load._build converts and type-checks every key but skips config.validate, whose
+    # load.build_unvalidated converts and type-checks every key but skips config.validate, whose
     # not-yet-supported list would refuse keys the planner must still plan.
-    config = load._build(Config, load.merge(raw, load.parse_overrides(overrides)), prefix="")
+    config = load.build_unvalidated(Config, load.merge(raw, load.parse_overrides(overrides)))
     sources = [key for key in ("path", "preset", "factory") if getattr(config.model, key)]
     if len(sources) != 1:
         raise ConfigError("set exactly one of model.path, model.preset, model.factory "

@@ -7,6 +7,7 @@ run folder, trains, exports the result and writes ``summary.json``.
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ from memfit.monitor.memory_plot import plot_memory
 from memfit.monitor.metrics import MetricsLogger, read_metrics
 from memfit.monitor.progress import ProgressBar
 from memfit.training.build import build_run
+from memfit.training.fit import auto_fit, refuse_too_large_preset
 from memfit.training.loop import train_steps
 
 
@@ -63,6 +65,12 @@ def train(config: Config | dict | str | Path, resume: str | Path | None = None) 
     ``resume``: a run folder; training continues from its newest checkpoint.
     """
     config = _as_config(config)
+    refuse_too_large_preset(config)
+    choice = None
+    if config.memory.auto and resume is None:  # a resumed run keeps what was chosen
+        config, choice = auto_fit(config)
+        print(f"memfit: memory.auto chose {choice['strategy']}: {choice['reason']}",
+              file=sys.stderr)
     run = build_run(config)
     if resume is not None:
         run_dir = Path(resume)
@@ -74,7 +82,9 @@ def train(config: Config | dict | str | Path, resume: str | Path | None = None) 
         run_dir = _new_run_dir(config)
         run_dir.mkdir(parents=True, exist_ok=True)
         state = TrainerState()
-    write_text(run_dir / "config.yaml", to_yaml(config))
+    header = (f"# memory.auto chose {choice['strategy']}: {choice['reason']}\n"
+              if choice else "")
+    write_text(run_dir / "config.yaml", header + to_yaml(config))
 
     budget = parse_bytes(config.memory.budget) if config.memory.budget else None
     meter = make_memory_meter(run.device, budget, every_n_steps=config.log.memory_every)
@@ -92,6 +102,8 @@ def train(config: Config | dict | str | Path, resume: str | Path | None = None) 
     has_adapter = config.adapter.kind is not AdapterKind.NONE
     exported = export_trained(run_dir, run.model, run.tokenizer, has_adapter, run.is_transformers)
     summary = _summary(run, result, run_dir, exported)
+    if choice:
+        summary["auto_fit"] = choice
     if meter.peak is not None:
         summary["memory_peak_bytes"] = meter.peak.peak_bytes
         summary["memory_peak_by_category"] = dict(meter.peak.by_category)

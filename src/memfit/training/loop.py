@@ -31,11 +31,12 @@ from memfit.config import to_yaml
 from memfit.monitor.memory import MemoryMeter
 from memfit.monitor.metrics import MetricsLogger
 from memfit.optim import LayerwiseOptimizer
-from memfit.techniques import activation_offload
+from memfit.config.schema import AdapterKind
+from memfit.techniques import activation_offload, lora
 from memfit.training.batches import BatchStream, eval_batches
 from memfit.training.build import Run
 from memfit.training.precision import autocast
-from memfit.training.recovery import Rung, next_rung, smaller_eval_batch
+from memfit.training.recovery import Rung, next_rung, rebuild, smaller_eval_batch
 
 
 @dataclass
@@ -120,7 +121,10 @@ def _out_of_memory(run: Run, where: str, step: int, failure: str) -> OutOfMemory
 
 
 def _apply_rung(run: Run, rung: Rung, stream: BatchStream, logger: MetricsLogger,
-                step: int, run_dir: Path) -> None:
+                meter: MemoryMeter, step: int, run_dir: Path) -> None:
+    if rung.needs_rebuild:
+        rebuild(run, rung.config)
+        meter.attach(run.model, run.optimizer)
     run.config = rung.config
     write_text(run_dir / "config.yaml", to_yaml(run.config))  # resume continues with it
     stream.micro_batch_size = rung.config.train.micro_batch_size
@@ -168,6 +172,8 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
             result.eval_losses[0] = metrics["loss"]
     run.model.train()
     layerwise = isinstance(run.optimizer, LayerwiseOptimizer)
+    adapters = run.config.adapter.kind is not AdapterKind.NONE
+    state_at_start = state.step
     for step in range(state.step + 1, run.total_steps + 1):
         started = time.perf_counter()
         step_start = stream.consumed
@@ -179,6 +185,8 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
             try:
                 with meter.step():
                     step_loss = _forward_backward(run, micro_batches, items, layerwise)
+                    if step == state_at_start + 1 and adapters and not layerwise:
+                        lora.check_gradients_reached(run.model)  # checkpointing can cut them
                     try:
                         grad_norm = _update(run, layerwise)
                     except torch.OutOfMemoryError as error:
@@ -194,7 +202,7 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
                 else next_rung(run.config)
             if rung is None:  # layer-wise updates may already have stepped some weights
                 raise _out_of_memory(run, "in forward/backward", step, failure)
-            _apply_rung(run, rung, stream, logger, step, run_dir)
+            _apply_rung(run, rung, stream, logger, meter, step, run_dir)
             stream.consumed = step_start
         run.scheduler.step()
 

@@ -1,0 +1,41 @@
+"""Before building anything: refuse presets that cannot fit this machine, and apply the
+planner's recommendation when ``memory.auto`` is on. Both use the planner's numbers."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from memfit._utils.sizes import parse_bytes
+from memfit.config import Config, from_mapping, to_mapping
+from memfit.models.architectures import ARCHITECTURES
+from memfit.plan.planner import recommend, refuse_if_too_large
+from memfit.plan.strategies import with_overrides
+
+
+def _device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def available_bytes() -> int:
+    """Device memory training can use here: the GPU's, or the host's RAM on CPU."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def refuse_too_large_preset(config: Config) -> None:
+    """Real-architecture presets (7B, 70B ...) are planned, not trained, where they cannot
+    fit: fail before allocating anything, quoting the plan."""
+    if config.model.preset in ARCHITECTURES:
+        refuse_if_too_large(config, available_bytes(), _device())
+
+
+def auto_fit(config: Config) -> tuple[Config, dict[str, Any]]:
+    """``memory.auto``: the recommended strategy for ``memory.budget`` applied to the config,
+    and a record of the choice (strategy, reason, overrides) for the run folder."""
+    name, overrides, reason = recommend(config, parse_bytes(config.memory.budget), _device())
+    fitted = from_mapping(to_mapping(with_overrides(config, overrides)))
+    return fitted, {"strategy": name, "reason": reason, "overrides": overrides}
