@@ -28,10 +28,10 @@ from memfit._utils.atomic import write_text
 from memfit._utils.errors import OutOfMemoryPlanError
 from memfit.checkpoint import TrainerState, save_checkpoint
 from memfit.config import to_yaml
+from memfit.config.schema import AdapterKind
 from memfit.monitor.memory import MemoryMeter
 from memfit.monitor.metrics import MetricsLogger
 from memfit.optim import LayerwiseOptimizer
-from memfit.config.schema import AdapterKind
 from memfit.techniques import activation_offload, lora
 from memfit.training.batches import BatchStream, eval_batches
 from memfit.training.build import Run

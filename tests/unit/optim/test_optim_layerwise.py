@@ -114,6 +114,7 @@ def test_galore_micro_batch_refresh_accumulates_projected_gradient() -> None:
     )
     assert optimizer.accumulation_buffer_bytes() == 4 * rank * 8  # r x n fp32, not m x n
     first_moment = second_moment = torch.zeros(rank, 8)
+    basis = None
     for step, micro_batches in enumerate(_data(5), start=1):
         grads = []
         for index, (inputs, targets) in enumerate(micro_batches):
@@ -125,7 +126,7 @@ def test_galore_micro_batch_refresh_accumulates_projected_gradient() -> None:
         optimizer.step()
         if (step - 1) % update_gap == 0:
             new = torch.linalg.svd(grads[0], full_matrices=False)[0][:, :rank]
-            if step > 1:  # each new singular vector keeps the sign of the one it replaces
+            if basis is not None:  # each new singular vector keeps the old one's sign
                 new = new * torch.where((new * basis).sum(dim=0) < 0, -1.0, 1.0)
             basis = new
         projected = basis.T @ sum(grads)
