@@ -31,6 +31,7 @@ from memfit.data import Splits, build_datasets, collate
 from memfit.models.load import LoadedModel, load_model
 from memfit.models.presets import DEMO_BASE
 from memfit.techniques import checkpointing, chunked_loss, lora, quantize
+from memfit.techniques.activation_offload import ActivationOffload
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer
 from memfit.techniques.optimizers import build_optimizer
 from memfit.training.objective import Objective
@@ -53,9 +54,11 @@ class Run:
     total_steps: int
 
     eval_batch_size: int = 0  # 0: train.micro_batch_size; OOM in evaluation halves it
+    activation_offload: ActivationOffload | None = None  # made for the device; enabled by config
 
     def __post_init__(self) -> None:
         self.eval_batch_size = self.eval_batch_size or self.config.train.micro_batch_size
+        self.activation_offload = self.activation_offload or ActivationOffload(self.device)
 
     def collate(self, examples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         pad_id = self.tokenizer.pad_token_id if self.tokenizer is not None else 0

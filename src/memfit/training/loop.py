@@ -32,7 +32,8 @@ from memfit.config.schema import AdapterKind
 from memfit.monitor.memory import MemoryMeter
 from memfit.monitor.metrics import MetricsLogger
 from memfit.optim import LayerwiseOptimizer
-from memfit.techniques import activation_offload, lora
+from memfit.techniques import lora
+from memfit.techniques.optimizer_offload import HostOffloadOptimizer
 from memfit.training.batches import BatchStream, eval_batches
 from memfit.training.build import Run
 from memfit.training.precision import autocast
@@ -82,8 +83,8 @@ def _forward_backward(run: Run, micro_batches: list[dict], items: int, layerwise
         if layerwise:
             run.optimizer.begin_micro_batch(index)  # its hooks step on the last one
         batch = _to_device(batch, run.device)
-        with autocast(run.config.precision, run.device), activation_offload.context(
-            run.config.memory.activation_offload, run.device
+        with autocast(run.config.precision, run.device), run.activation_offload.context(
+            run.config.memory.activation_offload
         ):
             loss_sum = run.objective.loss_sum(run.model, batch)
         loss = loss_sum / max(items, 1)
@@ -133,6 +134,17 @@ def _apply_rung(run: Run, rung: Rung, stream: BatchStream, logger: MetricsLogger
     logger.log({"step": step, "event": "out_of_memory", "change": rung.description})
     warnings.warn(f"out of memory at step {step}; retrying with {rung.description}",
                   stacklevel=2)
+
+
+def _host_bytes(run: Run) -> dict[str, int]:
+    """Host memory the offload techniques hold (their bytes leave the device's count)."""
+    found = {}
+    if run.config.memory.activation_offload and run.device.type != "cpu":
+        found["host_activation_peak_bytes"] = run.activation_offload.peak_host_bytes
+        run.activation_offload.reset_peak()
+    if isinstance(run.optimizer, HostOffloadOptimizer):
+        found["host_optimizer_bytes"] = run.optimizer.host_bytes()
+    return found
 
 
 def _release_failed_attempt(run: Run) -> None:
@@ -216,6 +228,7 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
                   "step_seconds": seconds, "epoch": stream.epoch}
         if meter.last_step is not None:
             record.update(meter.last_step.to_record())
+        record.update(_host_bytes(run))
         if step % run.config.log.every == 0 or step == run.total_steps:
             logger.log(record)
         on_step(record)
