@@ -16,15 +16,22 @@ transformers' non-reentrant checkpointing, ``model(..., labels=...).loss``.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import torch
+from _common import (
+    LLAMA_69M,
+    MIB,
+    CaseFailed,
+    build_memfit_model,
+    print_table,
+    report,
+    run_in_subprocess,
+    save_random_llama,
+    token_batch,
+)
 
-MIB = 2**20
 RANK, ALPHA, LR, SEQUENCE = 16, 32.0, 1e-4, 128
 CATEGORIES = ("weights", "grads", "optimizer", "activations", "temporaries")
 
@@ -54,37 +61,15 @@ PEER_LORA_FP32 = "peer: PEFT LoRA + checkpointing"
 BEST_QLORA, PEER_QLORA = "QLoRA + ckpt + chunked + act. offload", "peer: PEFT QLoRA, bf16"
 
 
-def model_config():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(vocab_size=8000, hidden_size=768, intermediate_size=2064,
-                       num_hidden_layers=8, num_attention_heads=12, num_key_value_heads=12,
-                       max_position_embeddings=512, tie_word_embeddings=False)
-
-
-def batch(device: torch.device) -> dict[str, torch.Tensor]:
-    generator = torch.Generator().manual_seed(0)
-    input_ids = torch.randint(0, 8000, (1, SEQUENCE), generator=generator)
-    return {"input_ids": input_ids.to(device), "labels": input_ids.to(device),
-            "attention_mask": torch.ones_like(input_ids).to(device)}
-
-
 def build_memfit(folder: Path, overrides: dict, device: torch.device):
     """Model, optimizer, step function, autocast dtype, activation offload, via memfit."""
-    from memfit.config import from_mapping
-    from memfit.config.load import merge, parse_overrides
     from memfit.techniques.optimizer_offload import HostOffloadOptimizer
     from memfit.techniques.optimizers import build_optimizer
-    from memfit.training.build import load_base, prepare_model, seed_everything
     from memfit.training.objective import Objective
 
-    raw = merge(parse_overrides([f"model.path={folder}", f"data.path={folder}",
-                                 f"adapter.rank={RANK}", f"adapter.alpha={ALPHA}",
-                                 f"optimizer.lr={LR}", "adapter.targets=[all-linear]"]),
-                parse_overrides([f"{key}={value}" for key, value in overrides.items()]))
-    config = from_mapping(raw)
-    seed_everything(0)
-    model, _ = prepare_model(load_base(config), config)
+    config, model = build_memfit_model(folder, {
+        "adapter.rank": RANK, "adapter.alpha": ALPHA, "optimizer.lr": LR,
+        "adapter.targets": "[all-linear]", **overrides})
     model.to(device)
     optimizer = build_optimizer(model, config)
     if config.memory.optimizer_offload:
@@ -136,7 +121,7 @@ def run_case(name: str, folder: Path, steps: int, device: torch.device) -> dict:
     build = build_memfit if who == "memfit" else build_peer
     model, optimizer, loss_fn, dtype, offload = build(folder, settings, device)
     model.train()
-    data = batch(device)
+    data = token_batch(LLAMA_69M.vocab, SEQUENCE, device)
     meter = make_memory_meter(device)
     meter.attach(model, optimizer)
     losses = []
@@ -181,29 +166,25 @@ def child(arguments: argparse.Namespace) -> None:
     folder, device = Path(arguments.model), torch.device(arguments.device)
     result = (kbit_preparation(folder) if arguments.case == "kbit"
               else run_case(arguments.case, folder, arguments.steps, device))
-    print("RESULT " + json.dumps(result))
+    report(result)
 
 
 def spawn(case: str, folder: Path, arguments: argparse.Namespace) -> dict:
-    command = [sys.executable, __file__, "--child", "--case", case, "--model", str(folder),
-               "--steps", str(arguments.steps), "--device", arguments.device]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
-    if done.returncode != 0 or not lines:
-        raise SystemExit(f"case {case!r} failed:\n{done.stderr[-3000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    try:
+        return run_in_subprocess(__file__, ["--case", case, "--model", str(folder),
+                                   "--steps", str(arguments.steps), "--device", arguments.device])
+    except CaseFailed as failure:
+        raise SystemExit(f"case {case!r} failed:\n{failure}") from None
 
 
-def print_table(results: dict[str, dict]) -> None:
+def print_results(results: dict[str, dict]) -> None:
     baseline = results["full AdamW fp32 (baseline)"]["peak"]
-    header = (f"{'case':<40}" + "".join(f"{c[:11]:>12}" for c in CATEGORIES)
-              + f"{'peak MiB':>10}{'x base':>8}{'trainable':>11}{'loss@end':>10}")
-    print(header)
-    print("-" * len(header))
-    for name, row in results.items():
-        print(f"{name:<40}" + "".join(f"{row[c] / MIB:>12.1f}" for c in CATEGORIES)
-              + f"{row['peak'] / MIB:>10.1f}{row['peak'] / baseline:>8.3f}"
-              + f"{row['trainable']:>11,}{row['loss']:>10.4f}")
+    columns = [("case", 40), *((c[:11], 12) for c in CATEGORIES), ("peak MiB", 10),
+               ("x base", 8), ("trainable", 11), ("loss@end", 10)]
+    print_table(columns, [
+        [name, *(f"{row[c] / MIB:.1f}" for c in CATEGORIES), f"{row['peak'] / MIB:.1f}",
+         f"{row['peak'] / baseline:.3f}", f"{row['trainable']:,}", f"{row['loss']:.4f}"]
+        for name, row in results.items()])
 
 
 def main() -> None:
@@ -217,21 +198,15 @@ def main() -> None:
     if arguments.child:
         child(arguments)
         return
-    from transformers import AutoModelForCausalLM
-
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary) / "llama-69m"
-        torch.manual_seed(0)
-        model = AutoModelForCausalLM.from_config(model_config())
-        parameters = sum(p.numel() for p in model.parameters())
-        model.save_pretrained(folder, safe_serialization=True)
-        del model
+        parameters = save_random_llama(folder)
         print(f"model: Llama 768x8, vocab 8000, {parameters / 1e6:.1f}M parameters; batch 1 x "
               f"{SEQUENCE}; {arguments.steps} steps; device {arguments.device}; "
               "bytes are peak live tensor storages (MiB)\n")
         results = {name: spawn(name, folder, arguments) for name in CASES}
         kbit = spawn("kbit", folder, arguments)
-    print_table(results)
+    print_results(results)
     peak = {name: row["peak"] for name, row in results.items()}
     print()
     for ours, peer in [(BEST_LORA, PEER_LORA), (BEST_LORA, PEER_LORA_FP32),

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from safetensors.torch import save_file
 from torch import nn
 
 from memfit._utils.atomic import staged_folder
 from memfit._utils.errors import ConfigError
+from memfit.checkpoint.export import save_model
 from memfit.config import from_mapping
 from memfit.config.load import read_yaml
 from memfit.config.schema import AdapterKind
@@ -65,11 +65,5 @@ def merge_run(run_dir: str | Path, out: str | Path) -> Path:
     run_dir, out = Path(run_dir), Path(out)
     model, tokenizer, is_transformers = merged_model(run_dir)
     with staged_folder(out) as folder:
-        if is_transformers:
-            model.save_pretrained(folder, safe_serialization=True)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(folder)
-        else:
-            state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
-            save_file(state, folder / "model.safetensors")
+        save_model(folder, model, tokenizer, save_pretrained=is_transformers)
     return out

@@ -13,15 +13,22 @@ from torch import nn
 from memfit._utils.atomic import staged_folder
 
 
+def save_model(folder: Path, model: nn.Module, tokenizer: Any | None,
+               save_pretrained: bool) -> None:
+    """A Hugging Face / PEFT folder (``save_pretrained``), or a safetensors state dict that
+    loads into the user's own module class with ``load_state_dict(strict=True)``."""
+    if save_pretrained:
+        model.save_pretrained(folder, safe_serialization=True)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(folder)
+    else:
+        state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+        save_file(state, folder / "model.safetensors")
+
+
 def export_trained(run_dir: Path, model: nn.Module, tokenizer: Any | None, has_adapter: bool,
                    is_transformers: bool) -> Path:
     final = run_dir / ("adapter" if has_adapter else "model")
     with staged_folder(final) as folder:
-        if has_adapter or is_transformers:
-            model.save_pretrained(folder, safe_serialization=True)
-            if tokenizer is not None:
-                tokenizer.save_pretrained(folder)
-        else:
-            state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
-            save_file(state, folder / "model.safetensors")
+        save_model(folder, model, tokenizer, save_pretrained=has_adapter or is_transformers)
     return final

@@ -27,19 +27,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import Config, Precision, Task
 from memfit.models.load import import_object
+from memfit.models.loss import causal_lm_loss_sum
 from memfit.plan import costs, meta
 from memfit.plan.trace import TraceResult, trace_micro_batch
 
 EXACT_DEPTH = 4
 CATEGORIES: tuple[str, ...] = ("weights", "grads", "optimizer", "activations", "temporaries")
 AUTOCAST = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
-IGNORE_INDEX = -100
 
 
 @dataclass(frozen=True)
@@ -182,7 +181,7 @@ def _workload(config: Config, built: meta.MetaModel, example_batch: ExampleBatch
             chunk_tokens = config.memory.loss_chunk_tokens
             return make_batch, lambda model, batch: chunked_loss.causal_lm_loss_sum(
                 model, batch, chunk_tokens)
-        return make_batch, _causal_lm_loss_sum
+        return make_batch, causal_lm_loss_sum
     if example_batch is None:
         raise ConfigError("planning a model.factory model needs one example micro-batch: "
                           "pass example_batch={name: tensor} to memfit.plan")
@@ -201,12 +200,3 @@ def _workload(config: Config, built: meta.MetaModel, example_batch: ExampleBatch
     return make_factory_batch, loss_sum
 
 
-def _causal_lm_loss_sum(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-    # The same computation as training.objective.causal_lm_loss_sum (plan sits below
-    # training, so it cannot import it): fp32 logits [batch, seq - 1, vocab] for the loss.
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    shifted_logits = logits[:, :-1].float()
-    shifted_labels = batch["labels"][:, 1:]
-    return F.cross_entropy(shifted_logits.reshape(-1, shifted_logits.size(-1)),
-                           shifted_labels.reshape(-1), ignore_index=IGNORE_INDEX,
-                           reduction="sum")

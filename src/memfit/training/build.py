@@ -8,8 +8,9 @@
 6. adapter                    (techniques.lora; freezes the base)
 7. frozen weights in the compute dtype (techniques.quantize.store_frozen_in)
 8. "did it apply?" checks     (each technique's check_applied; warnings are printed)
-9. device                     (cuda when present, else cpu)
-10. optimizer (+ host offload), lr schedule, grad scaler
+9. device                     (cuda when present, else cpu; a process's own GPU when distributed)
+10. FSDP2 sharding            (distributed.strategy=fsdp; memfit.distributed.fsdp)
+11. optimizer (+ host offload), lr schedule, grad scaler
 
 Nothing here writes to disk: a bad config or data file fails before a run folder exists.
 """
@@ -27,7 +28,10 @@ import torch
 from torch import nn
 
 from memfit.config.schema import AdapterKind, Config, Precision, Task
+from memfit import distributed
+from memfit.config.schema import DistributedStrategy
 from memfit.data import Splits, build_datasets, collate
+from memfit.distributed import fsdp
 from memfit.models.load import LoadedModel, load_model
 from memfit.models.presets import DEMO_BASE
 from memfit.techniques import checkpointing, chunked_loss, lora, quantize
@@ -78,7 +82,8 @@ def seed_everything(seed: int) -> None:
 def total_optimizer_steps(config: Config, train_examples: int) -> int:
     if config.train.max_steps is not None:
         return config.train.max_steps
-    per_step = config.train.micro_batch_size * config.train.gradient_accumulation_steps
+    per_step = (config.train.micro_batch_size * config.train.gradient_accumulation_steps
+                * distributed.world_size())
     return max(1, math.ceil(config.train.epochs * train_examples / per_step))
 
 
@@ -137,7 +142,13 @@ def build_run(config: Config) -> Run:
     model, warnings = prepare_model(loaded, config)
     for warning in warnings:
         print(f"memfit: warning: {warning}", file=sys.stderr)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = distributed.device()
+    if config.distributed.strategy is DistributedStrategy.FSDP:
+        if config.precision is Precision.BF16_PURE:
+            model.to(torch.bfloat16)  # before sharding: FSDP2 keeps the dtype it shards
+        # Blocks as checkpointing finds them: decoder layers, or memory.checkpoint_modules.
+        model = fsdp.shard(model, checkpointing.choose_blocks(model, config.memory),
+                           config.precision, device)
     model.to(device)
     if config.precision is Precision.BF16_PURE:
         model.to(torch.bfloat16)  # no fp32 master copy; the optimizer rounds stochastically

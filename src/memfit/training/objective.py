@@ -13,21 +13,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from memfit.data import count_loss_tokens
+from memfit.models.loss import causal_lm_loss_sum
 from memfit.techniques import chunked_loss
 from memfit.training.image_metrics import psnr, ssim
-
-IGNORE_INDEX = -100
-
-
-def causal_lm_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Summed next-token cross-entropy over label positions that are not -100."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    # logits: [batch, seq, vocab]; position t predicts token t+1.
-    shifted_logits = logits[:, :-1].float()
-    shifted_labels = batch["labels"][:, 1:]
-    return F.cross_entropy(shifted_logits.reshape(-1, shifted_logits.size(-1)),
-                           shifted_labels.reshape(-1), ignore_index=IGNORE_INDEX,
-                           reduction="sum")
 
 
 def module_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],

@@ -1,0 +1,60 @@
+"""FSDP2 (``torch.distributed.fsdp.fully_shard``) over each block and the root.
+
+Each block (a transformer decoder layer, or the blocks ``memory.checkpoint_modules``
+names in a plain module) becomes one all-gather unit: its weights exist in full only
+while it runs; the root unit holds the rest (embeddings, final norm, head). Parameters,
+gradients and optimizer state are sharded along dim 0 across the processes.
+
+- Mixed precision: with precision=bf16 the all-gathered weights are bf16 (what autocast
+  would compute with anyway) and gradients are reduced in fp32.
+- Gradients are SUMMED across ranks, not averaged: the loop already divides every
+  micro-batch's loss sum by the item count of the global effective batch.
+- Quantized frozen weights (bitsandbytes 4-bit / 8-bit: integer storage whose scales live
+  beside it as quant state) are left out of sharding and replicated on every rank; the
+  adapters and every floating-point weight are sharded.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+from memfit.config.schema import Precision
+from memfit.distributed.process_group import world_size
+
+_GATHER_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
+
+
+def mixed_precision(precision: Precision) -> MixedPrecisionPolicy:
+    """bf16/fp16 autocast: gather weights in that dtype, reduce gradients in fp32.
+    fp32 and bf16-pure (already bf16 weights): gather the weights as stored."""
+    gather = _GATHER_DTYPES.get(precision)
+    return MixedPrecisionPolicy(param_dtype=gather,
+                                reduce_dtype=torch.float32 if gather is not None else None)
+
+
+def unshardable_parameters(model: nn.Module) -> set[nn.Parameter]:
+    """Frozen integer-stored (quantized) weights: replicated, not sharded."""
+    return {p for p in model.parameters() if not p.is_floating_point() and not p.requires_grad}
+
+
+def shard(model: nn.Module, blocks: list[nn.Module], precision: Precision,
+          device: torch.device) -> nn.Module:
+    """Shard ``model`` in place across the process group: one unit per block, then the
+    root. Parameters move to ``device`` as they are sharded."""
+    mesh = init_device_mesh(device.type, (world_size(),))
+    policy = mixed_precision(precision)
+    ignored = unshardable_parameters(model)
+    for block in blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+    # Sum, and say so as a plain SUM: gloo has no pre-multiplied reduction.
+    model.set_gradient_divide_factor(1.0)
+    model.set_force_sum_reduction_for_comms(True)
+    return model
+
+
+def is_sharded(model: nn.Module) -> bool:
+    return isinstance(model, FSDPModule)

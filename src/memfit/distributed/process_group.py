@@ -1,0 +1,107 @@
+"""The process group and rank helpers. Every helper is a no-op (or the obvious answer)
+when training is not distributed, so the single-process loop calls them unconditionally.
+
+A run with ``distributed.strategy=fsdp`` always has a process group: from torchrun's
+environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)
+when launched, or a one-process group (an in-memory store, no network) otherwise, so the
+same sharded code path and checkpoint format serve one process and many.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from memfit._utils.errors import ConfigError
+from memfit.config.schema import Config, DistributedStrategy
+
+# Collectives that wait longer than this raise instead of hanging: long enough for a
+# sharded checkpoint of a large model to be written while the other ranks wait.
+COLLECTIVE_TIMEOUT = timedelta(minutes=10)
+
+
+def launched_world_size() -> int | None:
+    """WORLD_SIZE set by torchrun (or another launcher), or None outside one."""
+    value = os.environ.get("WORLD_SIZE")
+    return int(value) if value else None
+
+
+def setup(config: Config) -> None:
+    """Join (or create) the process group a ``distributed.strategy=fsdp`` run needs."""
+    world = launched_world_size()
+    if config.distributed.strategy is DistributedStrategy.NONE:
+        if world is not None and world > 1:
+            raise ConfigError(f"launched as {world} processes (WORLD_SIZE={world}) but "
+                              "distributed.strategy=none; set distributed.strategy=fsdp")
+        return
+    if dist.is_initialized():
+        return
+    # CPU tensors (item counts, losses) travel over gloo, CUDA ones over NCCL.
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    if world is None:
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=COLLECTIVE_TIMEOUT)
+    else:
+        dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)  # env:// from torchrun
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank())
+
+
+def teardown() -> None:
+    if is_distributed():
+        dist.destroy_process_group()
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
+def is_main() -> bool:
+    """Rank 0 writes logs, TensorBoard, summaries and exports; the others only compute."""
+    return rank() == 0
+
+
+def device() -> torch.device:
+    """This process's device: its local GPU when distributed, else cuda or cpu."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda", local_rank()) if is_distributed() else torch.device("cuda")
+
+
+def all_reduce_sum(value: int | float) -> int | float:
+    """The sum of ``value`` over all ranks (``value`` itself when not distributed)."""
+    if not is_distributed():
+        return value
+    total = torch.tensor(value, dtype=torch.float64)
+    dist.all_reduce(total)
+    return int(total.item()) if isinstance(value, int) else total.item()
+
+
+def broadcast_from_main(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (a picklable object)."""
+    if not is_distributed():
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
