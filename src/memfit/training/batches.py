@@ -4,6 +4,11 @@ The order is the concatenation of one seeded permutation per epoch, read
 ``micro_batch_size`` examples at a time (a micro-batch may straddle two epochs). Its whole
 state is one number — examples consumed — so a resumed run reads exactly the batches an
 uninterrupted run would have.
+
+Distributed (``world_size`` > 1): each draw is one GLOBAL micro-batch of
+``micro_batch_size * world_size`` examples, of which this rank collates its contiguous
+``micro_batch_size``; ``consumed`` counts global examples, so N processes read what one
+process with an N times larger micro-batch reads, and a checkpoint resumes on any N.
 """
 
 from __future__ import annotations
@@ -15,9 +20,11 @@ import torch
 
 class BatchStream:
     def __init__(self, dataset: Sequence, micro_batch_size: int, seed: int,
-                 collate: Callable[[list], dict[str, torch.Tensor]], consumed: int = 0):
+                 collate: Callable[[list], dict[str, torch.Tensor]], consumed: int = 0,
+                 rank: int = 0, world_size: int = 1):
         self.dataset = dataset
-        self.micro_batch_size = micro_batch_size
+        self.micro_batch_size = micro_batch_size  # per rank
+        self.rank, self.world_size = rank, world_size
         self.seed = seed
         self.collate = collate
         self.consumed = consumed
@@ -37,8 +44,9 @@ class BatchStream:
         return self._order[offset]
 
     def next_batch(self) -> dict[str, torch.Tensor]:
-        indices = [self._index(self.consumed + i) for i in range(self.micro_batch_size)]
-        self.consumed += self.micro_batch_size
+        start = self.consumed + self.rank * self.micro_batch_size
+        indices = [self._index(start + i) for i in range(self.micro_batch_size)]
+        self.consumed += self.micro_batch_size * self.world_size
         return self.collate([self.dataset[i] for i in indices])
 
 

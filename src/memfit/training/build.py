@@ -27,9 +27,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from memfit.config.schema import AdapterKind, Config, Precision, Task
 from memfit import distributed
-from memfit.config.schema import DistributedStrategy
+from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision, Task
 from memfit.data import Splits, build_datasets, collate
 from memfit.distributed import fsdp
 from memfit.models.load import LoadedModel, load_model
@@ -135,6 +134,15 @@ def prepare_model(loaded: LoadedModel, config: Config) -> tuple[nn.Module, list[
     return model, warnings
 
 
+def shard(model: nn.Module, config: Config, device: torch.device) -> nn.Module:
+    """Step 10: FSDP2 units on the blocks checkpointing would choose (decoder layers, or
+    memory.checkpoint_modules for plain modules) and the root; shards move to ``device``."""
+    if config.precision is Precision.BF16_PURE:
+        model.to(torch.bfloat16)  # before sharding: FSDP2 keeps the dtype it shards
+    blocks = checkpointing.choose_blocks(model, config.memory)
+    return fsdp.shard(model, blocks, config.precision, device)
+
+
 def build_run(config: Config) -> Run:
     seed_everything(config.train.seed)
     loaded = load_base(config)
@@ -144,14 +152,11 @@ def build_run(config: Config) -> Run:
         print(f"memfit: warning: {warning}", file=sys.stderr)
     device = distributed.device()
     if config.distributed.strategy is DistributedStrategy.FSDP:
+        model = shard(model, config, device)
+    else:
+        model.to(device)
         if config.precision is Precision.BF16_PURE:
-            model.to(torch.bfloat16)  # before sharding: FSDP2 keeps the dtype it shards
-        # Blocks as checkpointing finds them: decoder layers, or memory.checkpoint_modules.
-        model = fsdp.shard(model, checkpointing.choose_blocks(model, config.memory),
-                           config.precision, device)
-    model.to(device)
-    if config.precision is Precision.BF16_PURE:
-        model.to(torch.bfloat16)  # no fp32 master copy; the optimizer rounds stochastically
+            model.to(torch.bfloat16)  # no fp32 master copy; the optimizer rounds stochastically
     optimizer = build_optimizer(model, config)
     if config.memory.optimizer_offload:
         optimizer = HostOffloadOptimizer(optimizer)

@@ -10,6 +10,12 @@
 The step runs inside ``meter.step()``, which on CPU enforces ``memory.budget``. An OOM in
 forward/backward zeroes the gradients, moves one rung down ``recovery.next_rung`` and
 retries the same step from the same examples; an OOM in evaluation halves the eval batch.
+
+Distributed (memfit.distributed): each rank runs its share of every micro-batch; ``items``
+and the step loss are summed over ranks, so the loss is normalised over the GLOBAL
+effective batch and FSDP sums (not averages) the gradients. Every rank evaluates the whole
+eval split (FSDP's all-gathers need all ranks in every forward). An OOM is not retried:
+the ranks would disagree on the micro-batch, so the job stops with the error.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from memfit import distributed
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import OutOfMemoryPlanError
 from memfit.checkpoint import TrainerState, save_checkpoint
@@ -175,7 +182,8 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
                 meter: MemoryMeter,
                 on_step: Callable[[dict], None] = lambda record: None) -> LoopResult:
     stream = BatchStream(run.splits.train, run.config.train.micro_batch_size,
-                         run.config.train.seed, run.collate, consumed=state.consumed)
+                         run.config.train.seed, run.collate, consumed=state.consumed,
+                         rank=distributed.rank(), world_size=distributed.world_size())
     result = LoopResult(state)
     if state.step == 0:
         metrics = _evaluate_within_memory(run, meter, 0)
@@ -192,11 +200,13 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
         while True:  # retried with a cheaper rung after an OOM in forward/backward
             micro_batches = [stream.next_batch()
                              for _ in range(run.config.train.gradient_accumulation_steps)]
-            items = sum(run.objective.count(batch) for batch in micro_batches)
+            items = distributed.all_reduce_sum(
+                sum(run.objective.count(batch) for batch in micro_batches))
             lr = run.optimizer.param_groups[0]["lr"]
             try:
                 with meter.step():
-                    step_loss = _forward_backward(run, micro_batches, items, layerwise)
+                    step_loss = distributed.all_reduce_sum(
+                        _forward_backward(run, micro_batches, items, layerwise))
                     if step == state_at_start + 1 and adapters and not layerwise:
                         lora.check_gradients_reached(run.model)  # checkpointing can cut them
                     try:
@@ -210,8 +220,8 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
             except torch.OutOfMemoryError as error:
                 failure = str(error)
             _release_failed_attempt(run)
-            rung = None if layerwise or not run.config.memory.recover_from_oom \
-                else next_rung(run.config)
+            rung = None if (layerwise or not run.config.memory.recover_from_oom
+                            or distributed.is_distributed()) else next_rung(run.config)
             if rung is None:  # layer-wise updates may already have stepped some weights
                 raise _out_of_memory(run, "in forward/backward", step, failure)
             _apply_rung(run, rung, stream, logger, meter, step, run_dir)
