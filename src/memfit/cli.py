@@ -55,15 +55,28 @@ def _resolve_train_config(args: argparse.Namespace):
 def _command_train(args: argparse.Namespace) -> int:
     from memfit.config import to_yaml
 
+    if args.nproc is not None:
+        args.arguments.append(f"distributed.nproc={args.nproc}")
     config = _resolve_train_config(args)
     if args.print_config:
         sys.stdout.write(to_yaml(config))
         return 0
+    from memfit.distributed.launch import launch, should_launch
+
+    if should_launch(config):  # this process starts the workers and waits for them
+        return launch(config.distributed.nproc, _worker_arguments(args))
     from memfit.training.api import train
 
     result = train(config, resume=args.resume)
-    _print_summary(result.summary, result.output_dir)
+    if result.summary:  # rank 0's (the only one when not distributed)
+        _print_summary(result.summary, result.output_dir)
     return 0
+
+
+def _worker_arguments(args: argparse.Namespace) -> list[str]:
+    """The ``memfit`` arguments each launched worker runs with (the same command)."""
+    return ["train", *args.arguments, *(["--resume", args.resume] if args.resume else []),
+            *(["--debug"] if args.debug else [])]
 
 
 def _print_summary(summary: dict, run_dir: Path) -> None:
@@ -109,8 +122,32 @@ def _command_plan(args: argparse.Namespace) -> int:
 
     config_path, overrides = _split_arguments(args.arguments)
     config = load_plan_config(config_path, overrides)
-    result = plan(config, args.budget, device=args.device)
+    from memfit.training.fit import example_batch
+
+    result = plan(config, args.budget, device=args.device, example_batch=example_batch(config))
     print(json.dumps(result.to_json(), indent=2) if args.json else format_plan(result, config))
+    return 0
+
+
+def _command_bench(args: argparse.Namespace) -> int:
+    from memfit.bench import run_bench
+
+    result = run_bench(args.suite, args.model, args.out, args.steps, args.cases,
+                       on_progress=lambda line: print(f"memfit bench: {line}", file=sys.stderr))
+    print(result.markdown)
+    print(f"written to    {result.out}/ (bench.md, results.json, memory.png, loss.png, "
+          f"memory_over_steps.png, runs/, logs/) in {result.wall_seconds / 60:.1f} min")
+    if result.failed:
+        print(f"memfit bench: {len(result.failed)} case(s) failed: {', '.join(result.failed)}",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+def _command_report(args: argparse.Namespace) -> int:
+    from memfit.report import write_report
+
+    print(f"report        {write_report(args.run_dir, args.out)}")
     return 0
 
 
@@ -140,6 +177,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="print the resolved configuration and exit")
     train.add_argument("--resume", metavar="RUN_DIR",
                        help="continue the run in RUN_DIR from its newest checkpoint")
+    train.add_argument("--nproc", type=int, metavar="N",
+                       help="start N processes on this machine with torch.distributed.run "
+                            "(sets distributed.nproc; needs distributed.strategy=fsdp)")
     train.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                        help="show tracebacks for errors")
     train.set_defaults(handler=_command_train)
@@ -166,6 +206,37 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                       help="show tracebacks for errors")
     plan.set_defaults(handler=_command_plan)
+
+    bench = commands.add_parser(
+        "bench", help="memory, speed and quality of memfit's strategies and their peers",
+        description="Run memfit's strategies and the peers (plain PyTorch, bitsandbytes, "
+                    "PEFT, galore-torch, HF Trainer) on the same model, data and seed, each in "
+                    "its own process; print a markdown table and write it with PNGs to --out.")
+    bench.add_argument("--suite", default="all",
+                       help="memory (3 steps, all measured), speed (20), quality (60) or all "
+                            "(60); default all")
+    bench.add_argument("--model", default="demo-base",
+                       help="demo-base (default), tiny-llama, or llama-1b (CUDA only)")
+    bench.add_argument("--out", default="bench-results", metavar="DIR",
+                       help="folder for bench.md, results.json and the PNGs")
+    bench.add_argument("--steps", type=int, help="optimizer steps per case (default: the suite's)")
+    bench.add_argument("--cases", metavar="NAMES",
+                       help="a group (all, memfit, peers, gpu-check) or comma-separated case "
+                            "names; default all")
+    bench.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                       help="show tracebacks for errors")
+    bench.set_defaults(handler=_command_bench)
+
+    report = commands.add_parser(
+        "report", help="one self-contained HTML page for a finished run",
+        description="Write an HTML page (images embedded, opens without a server) with the "
+                    "plan next to the measured memory, the memory timeline, loss and eval "
+                    "curves, the resolved config and the summary.")
+    report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of memfit train")
+    report.add_argument("--out", metavar="FILE", help="default RUN_DIR/report.html")
+    report.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show tracebacks for errors")
+    report.set_defaults(handler=_command_report)
 
     env = commands.add_parser("env", help="versions, devices and which backends work here")
     env.set_defaults(handler=_command_env)

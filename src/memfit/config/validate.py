@@ -23,6 +23,7 @@ def validate(config: Config) -> None:
     _check_model(config)
     _check_numbers(config)
     _check_combinations(config)
+    _check_distributed(config)
     _check_not_yet_supported(config)
 
 
@@ -133,11 +134,48 @@ def _check_combinations(config: Config) -> None:
         raise ConfigError("memory.auto=true needs memory.budget (e.g. memory.budget=24GiB)")
 
 
+# What FSDP2 (distributed.strategy=fsdp) cannot train, and why: (predicate, message).
+_NOT_WITH_FSDP = [
+    (lambda c: c.optimizer.name in (OptimizerName.ADAMW8BIT, OptimizerName.PAGED_ADAMW8BIT),
+     "optimizer.name=adamw8bit/paged_adamw8bit: bitsandbytes' 8-bit kernels take plain "
+     "tensors, not FSDP2's sharded DTensor parameters, and their block-quantized state "
+     "could not be resharded to another number of processes; use optimizer.name=adamw"),
+    (lambda c: c.optimizer.name is OptimizerName.ADAFACTOR,
+     "optimizer.name=adafactor: its factored second moment updates whole rows and columns "
+     "in place, which sharded DTensor parameters do not support; use optimizer.name=adamw"),
+    (lambda c: c.optimizer.name is OptimizerName.GALORE,
+     "optimizer.name=galore: its projector is an SVD of each whole weight matrix, which "
+     "FSDP2 splits across processes; use optimizer.name=adamw"),
+    (lambda c: c.optimizer.layerwise,
+     "optimizer.layerwise=true: its per-parameter optimizers keep a state layout that "
+     "torch.distributed.checkpoint cannot reshard, so checkpoints could not resume; set "
+     "optimizer.layerwise=false"),
+    (lambda c: c.memory.optimizer_offload,
+     "memory.optimizer_offload=true: FSDP2 already divides the optimizer state by the number "
+     "of processes, and the host copies cannot hold sharded state; set it to false"),
+    (lambda c: c.precision is Precision.FP16,
+     "precision=fp16: its gradient scaler checks for inf per process, not across the "
+     "sharded gradients; use precision=bf16"),
+    (lambda c: c.memory.auto,
+     "memory.auto=true: the planner's strategies include optimizers FSDP2 cannot shard; "
+     "choose one with `memfit plan --devices N`"),
+]
+
+
+def _check_distributed(config: Config) -> None:
+    strategy, nproc = config.distributed.strategy, config.distributed.nproc
+    if strategy is DistributedStrategy.NONE:
+        if nproc > 1:
+            raise ConfigError(f"distributed.nproc={nproc} needs distributed.strategy=fsdp "
+                              "(memfit trains on several processes by sharding with FSDP2)")
+        return
+    for applies, why in _NOT_WITH_FSDP:
+        if applies(config):
+            raise ConfigError(f"distributed.strategy=fsdp cannot be combined with {why}")
+
+
 # Keys whose feature lands with a later issue: (predicate, message).
 _NOT_YET = [
-    (lambda c: c.distributed.strategy is not DistributedStrategy.NONE,
-     "distributed.strategy=fsdp"),
-    (lambda c: c.distributed.nproc != 1, "distributed.nproc > 1"),
     (lambda c: c.model.task is Task.SEQUENCE_CLASSIFICATION,
      "model.task=sequence-classification"),
 ]

@@ -98,7 +98,9 @@ def storages_of(tensor: torch.Tensor) -> Iterator[torch.UntypedStorage]:
         # e.g. torchao 8-bit optimizer state or DTensor: the bytes live in inner tensors.
         names, _ = tensor.__tensor_flatten__()
         for name in names:
-            yield from storages_of(getattr(tensor, name))
+            inner = getattr(tensor, name)
+            if isinstance(inner, torch.Tensor):  # DTensor also names its device mesh here
+                yield from storages_of(inner)
         return
     if tensor.layout is not torch.strided:
         return  # sparse / nested layouts have no single storage; not counted

@@ -1,7 +1,8 @@
 """``memfit.train(config)``: the Python entry point the CLI is a thin layer over.
 
 Builds everything first (so bad input fails before anything is written), then creates the
-run folder, trains, exports the result and writes ``summary.json``.
+run folder, trains, exports the result and writes ``summary.json``. Distributed, every rank
+runs this; only rank 0 writes the run folder's files (the checkpoints are written by all).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from memfit import distributed
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError
 from memfit._utils.sizes import parse_bytes
@@ -21,6 +23,7 @@ from memfit.checkpoint.export import export_trained
 from memfit.config import Config, from_mapping, to_yaml
 from memfit.config.load import read_yaml
 from memfit.config.schema import AdapterKind
+from memfit.distributed.checkpoint import gathered_state_dict
 from memfit.monitor.memory import RECORD_PEAK_KEY, make_memory_meter
 from memfit.monitor.memory_plot import plot_memory
 from memfit.monitor.metrics import MetricsLogger, read_metrics
@@ -63,8 +66,28 @@ def train(config: Config | dict | str | Path, resume: str | Path | None = None) 
     """Train from a Config, a mapping shaped like the YAML file, or a YAML path.
 
     ``resume``: a run folder; training continues from its newest checkpoint.
+    With distributed.strategy=fsdp this joins (or creates) the process group first.
     """
     config = _as_config(config)
+    distributed.setup(config)
+    try:
+        return _train(config, resume)
+    finally:
+        distributed.teardown()
+
+
+class _SilentLogger:
+    """The metrics sink of ranks other than 0: rank 0 logs the reduced values."""
+
+    def log(self, record: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def _train(config: Config, resume: str | Path | None) -> RunResult:
+    main = distributed.is_main()
     refuse_too_large_preset(config)
     choice = None
     if config.memory.auto and resume is None:  # a resumed run keeps what was chosen
@@ -79,28 +102,36 @@ def train(config: Config | dict | str | Path, resume: str | Path | None = None) 
             raise ConfigError(f"--resume {run_dir}: no checkpoint under {run_dir / 'checkpoints'}")
         state = load_checkpoint(checkpoint, run.model, run.optimizer, run.scheduler, run.scaler)
     else:
-        run_dir = _new_run_dir(config)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        # Rank 0's choice: a default folder name holds the time, which ranks may disagree on.
+        run_dir = distributed.broadcast_from_main(_new_run_dir(config) if main else None)
+        if main:
+            run_dir.mkdir(parents=True, exist_ok=True)
         state = TrainerState()
     header = (f"# memory.auto chose {choice['strategy']}: {choice['reason']}\n"
               if choice else "")
-    write_text(run_dir / "config.yaml", header + to_yaml(config))
+    if main:
+        write_text(run_dir / "config.yaml", header + to_yaml(config))
 
     budget = parse_bytes(config.memory.budget) if config.memory.budget else None
     meter = make_memory_meter(run.device, budget, every_n_steps=config.log.memory_every)
     meter.attach(run.model, run.optimizer)
-    logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard)
-    bar = ProgressBar(run.total_steps, state.step, enabled=config.log.progress)
+    logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard) if main \
+        else _SilentLogger()
+    bar = ProgressBar(run.total_steps, state.step, enabled=config.log.progress and main)
     try:
         result = train_steps(run, run_dir, state, logger, meter, on_step=bar.update)
     finally:
         bar.close()
         logger.close()
+    full_state = gathered_state_dict(run.model)  # collective; None when not sharded
+    if not main:
+        return RunResult(run_dir, result.state.step, result.losses, result.eval_losses)
     records = [r for r in read_metrics(run_dir) if RECORD_PEAK_KEY in r]
     if records:
         plot_memory(records, run_dir / "memory.png")
     has_adapter = config.adapter.kind is not AdapterKind.NONE
-    exported = export_trained(run_dir, run.model, run.tokenizer, has_adapter, run.is_transformers)
+    exported = export_trained(run_dir, run.model, run.tokenizer, has_adapter, run.is_transformers,
+                              state_dict=full_state)
     summary = _summary(run, result, run_dir, exported)
     if choice:
         summary["auto_fit"] = choice

@@ -10,6 +10,7 @@ import torch
 
 from memfit._utils.sizes import parse_bytes
 from memfit.config import Config, from_mapping, to_mapping
+from memfit.data import build_datasets, collate
 from memfit.models.architectures import ARCHITECTURES
 from memfit.plan.planner import recommend, refuse_if_too_large
 from memfit.plan.strategies import with_overrides
@@ -33,9 +34,21 @@ def refuse_too_large_preset(config: Config) -> None:
         refuse_if_too_large(config, available_bytes(), _device())
 
 
+def example_batch(config: Config) -> dict[str, torch.Tensor] | None:
+    """One training micro-batch from ``data.path``: what the planner traces a
+    ``model.factory`` model with (it cannot guess a plain module's inputs). None for the
+    other model sources, whose inputs the planner makes from the config."""
+    if not config.model.factory:
+        return None
+    splits = build_datasets(config.data, None, seed=config.train.seed)
+    size = min(config.train.micro_batch_size, len(splits.train))
+    return collate([splits.train[i] for i in range(size)])
+
+
 def auto_fit(config: Config) -> tuple[Config, dict[str, Any]]:
     """``memory.auto``: the recommended strategy for ``memory.budget`` applied to the config,
     and a record of the choice (strategy, reason, overrides) for the run folder."""
-    name, overrides, reason = recommend(config, parse_bytes(config.memory.budget), _device())
+    name, overrides, reason = recommend(config, parse_bytes(config.memory.budget), _device(),
+                                        example_batch(config))
     fitted = from_mapping(to_mapping(with_overrides(config, overrides)))
     return fitted, {"strategy": name, "reason": reason, "overrides": overrides}

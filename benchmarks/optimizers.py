@@ -1,0 +1,335 @@
+"""Peak memory and step time of memfit's optimizers against the libraries they replace.
+
+    python benchmarks/optimizers.py [--quick] [--only TEXT ...] [--threads 1] [--device cpu]
+
+The 69M Llama-architecture model of benchmarks/memory_techniques.py (hidden 768, 8
+layers, 12 heads, intermediate 2064, vocab 8000, untied head; ``--quick``: hidden 256, 4
+layers, vocab 2000), random weights, batch 1 x sequence 128 of fixed random tokens, loss
+``model(**batch).loss``, no clipping, lr 1e-4 (Adafactor: 1e-2, torch's default cap on its
+relative step). Every case runs in its own process:
+
+1. ``METERED_STEPS`` steps inside memfit's memory meter (CPU: exact live tensor storages,
+   split by category at the peak; the first step creates the optimizer state and the
+   first projector, so the peak includes both);
+2. one untimed step, then ``TIMED_STEPS`` timed steps (forward, backward, optimizer step)
+   without the meter, whose per-op bookkeeping would distort time. GaLore refreshes its
+   projector every ``UPDATE_GAP`` = ``TIMED_STEPS`` steps, so the mean covers exactly one
+   refresh period, refresh included.
+
+memfit cases go through memfit's own model preparation and ``optimizer.*`` factory.
+GaLore: rank hidden/6 (128), scale 0.25, attention and MLP matrices projected, embeddings
+and head updated by the inner rule. Peers: torch.optim.AdamW and torch.optim.Adafactor
+with torch's defaults, bitsandbytes AdamW8bit, and galore-torch 1.0 (``pip install
+-e .[bench]``) as its README and the GaLore paper's per-layer recipe use it (one optimizer
+per parameter stepped from a post-accumulate-grad hook). A peer that cannot run here is
+skipped with a note. Ratios are against torch AdamW measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from _common import (
+    LLAMA_69M,
+    MIB,
+    CaseFailed,
+    LlamaShape,
+    build_memfit_model,
+    print_table,
+    report,
+    run_in_subprocess,
+    save_random_llama,
+    token_batch,
+)
+from torch import nn
+
+SEQUENCE, LR, ADAFACTOR_LR = 128, 1e-4, 1e-2
+METERED_STEPS, TIMED_STEPS = 2, 10
+UPDATE_GAP = TIMED_STEPS
+SCALE = 0.25
+QUICK = LlamaShape(hidden=256, layers=4, heads=4, intermediate=688, vocab=2000)
+CATEGORIES = ("weights", "grads", "optimizer", "activations", "temporaries")
+
+PROJECTORS = ("svd", "randomized_svd", "online", "random")
+INNERS = ("adamw", "adamw8bit")
+# memfit's optimizers that write bf16 weights back with stochastic rounding.
+BF16_PURE_OPTIMIZERS = ("adamw", "galore")
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    who: Literal["memfit", "peer"]
+    settings: tuple[tuple[str, str], ...]  # memfit: config overrides; peer: (("peer", id),)
+
+
+def _memfit_cases() -> list[Case]:
+    optimizers = [(name, {"optimizer.name": name}) for name in ("adamw", "adamw8bit", "adafactor")]
+    optimizers += [(f"galore {projector}/{inner}", {
+        "optimizer.name": "galore", "optimizer.galore.projector": projector,
+        "optimizer.galore.inner": inner}) for projector in PROJECTORS for inner in INNERS]
+    cases = []
+    for label, overrides in optimizers:
+        precisions = ("fp32", "bf16-pure") if overrides["optimizer.name"] in \
+            BF16_PURE_OPTIMIZERS else ("fp32",)
+        for precision in precisions:
+            for layerwise in (False, True):
+                name = label + (", layer-wise" if layerwise else "") + \
+                    (", bf16-pure" if precision == "bf16-pure" else "")
+                settings = {**overrides, "precision": precision,
+                            "optimizer.layerwise": str(layerwise).lower()}
+                cases.append(Case(name, "memfit", tuple(settings.items())))
+    return cases
+
+
+PEER_ADAMW = "peer: torch AdamW"
+PEER_GALORE_PER_LAYER = "peer: galore-torch AdamW, per-layer"
+PEERS = {
+    PEER_ADAMW: "adamw",
+    "peer: bnb AdamW8bit": "adamw8bit",
+    "peer: torch Adafactor": "adafactor",
+    "peer: galore-torch AdamW": "galore",
+    PEER_GALORE_PER_LAYER: "galore-per-layer",
+    "peer: galore-torch AdamW8bit, per-layer": "galore8bit-per-layer",
+}
+CASES = [*(Case(name, "peer", (("peer", peer),)) for name, peer in PEERS.items()),
+         *_memfit_cases()]
+DEFAULT_GALORE = "galore randomized_svd/adamw"  # memfit's default projector and inner
+
+
+@dataclass
+class Built:
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None  # None: per-layer peers (one per parameter)
+    after_backward: Callable[[], None]  # the step, or nothing when it ran in backward
+
+
+def galore_rank(shape: LlamaShape) -> int:
+    return shape.hidden // 6
+
+
+def build_memfit(folder: Path, settings: dict[str, str], rank: int) -> Built:
+    from memfit.config.schema import Precision
+    from memfit.techniques.optimizers import build_optimizer
+
+    lr = ADAFACTOR_LR if settings["optimizer.name"] == "adafactor" else LR
+    config, model = build_memfit_model(folder, {
+        **settings, "optimizer.lr": lr, "train.max_grad_norm": "null",
+        "optimizer.galore.rank": rank, "optimizer.galore.update_gap": UPDATE_GAP,
+        "optimizer.galore.scale": SCALE})
+    if config.precision is Precision.BF16_PURE:
+        model.to(torch.bfloat16)  # as memfit.training.build does: no fp32 master copy
+    optimizer = build_optimizer(model, config)
+
+    def after_backward() -> None:
+        optimizer.step()  # layer-wise: only publishes grad_norm; updates ran in backward
+        optimizer.zero_grad(set_to_none=True)
+
+    return Built(model, optimizer, after_backward)
+
+
+def _galore_groups(model: nn.Module, rank: int) -> tuple[set[int], dict[str, Any]]:
+    """galore-torch README: project the Linear weights of modules named attn/mlp."""
+    projected = {id(module.weight) for name, module in model.named_modules()
+                 if isinstance(module, nn.Linear) and ("attn" in name or "mlp" in name)}
+    options = {"rank": rank, "update_proj_gap": UPDATE_GAP, "scale": SCALE, "proj_type": "std"}
+    return projected, options
+
+
+def build_peer(folder: Path, peer: str, rank: int) -> Built:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_pretrained(folder)
+    params = list(model.parameters())
+    if peer in ("adamw", "adamw8bit", "adafactor", "galore"):
+        if peer == "adamw":
+            optimizer = torch.optim.AdamW(params, lr=LR)
+        elif peer == "adamw8bit":
+            import bitsandbytes as bnb
+
+            optimizer = bnb.optim.AdamW8bit(params, lr=LR)
+        elif peer == "adafactor":
+            optimizer = torch.optim.Adafactor(params, lr=ADAFACTOR_LR)
+        else:
+            from galore_torch import GaLoreAdamW
+
+            projected, options = _galore_groups(model, rank)
+            optimizer = GaLoreAdamW(
+                [{"params": [p for p in params if id(p) not in projected]},
+                 {"params": [p for p in params if id(p) in projected], **options}],
+                lr=LR, no_deprecation_warning=True)
+
+        def after_backward() -> None:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+
+        return Built(model, optimizer, after_backward)
+
+    from galore_torch import GaLoreAdamW, GaLoreAdamW8bit
+
+    make = GaLoreAdamW8bit if peer == "galore8bit-per-layer" else GaLoreAdamW
+    extra = {} if make is GaLoreAdamW8bit else {"no_deprecation_warning": True}
+    projected, options = _galore_groups(model, rank)
+    per_parameter = {
+        param: make([{"params": [param], **(options if id(param) in projected else {})}],
+                    lr=LR, **extra)
+        for param in params}
+
+    def hook(param: torch.Tensor) -> None:
+        per_parameter[param].step()
+        per_parameter[param].zero_grad()
+
+    for param in params:
+        param.register_post_accumulate_grad_hook(hook)
+    return Built(model, None, lambda: None)
+
+
+def measure(case: Case, folder: Path, shape: LlamaShape, device: torch.device) -> dict:
+    from memfit.monitor.memory import make_memory_meter
+
+    settings = dict(case.settings)
+    rank = galore_rank(shape)
+    built = (build_memfit(folder, settings, rank) if case.who == "memfit"
+             else build_peer(folder, settings["peer"], rank))
+    built.model.to(device).train()
+    data = token_batch(shape.vocab, SEQUENCE, device)
+
+    def train_step() -> float:
+        loss = built.model(**data).loss
+        loss.backward()
+        built.after_backward()
+        return loss.item()
+
+    meter = make_memory_meter(device)
+    meter.attach(built.model, built.optimizer)
+    for _ in range(METERED_STEPS):
+        with meter.step():
+            train_step()
+    train_step()  # untimed: leaves the meter's first-step effects out of the times
+    seconds = []
+    for _ in range(TIMED_STEPS):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        loss = train_step()  # .item() synchronizes
+        seconds.append(time.perf_counter() - started)
+    peak = meter.peak
+    return {"peak": peak.peak_bytes, **peak.by_category,
+            "step_seconds": statistics.mean(seconds), "loss": loss}
+
+
+def _failure_reason(failure: CaseFailed) -> str:
+    lines = [line for line in str(failure).splitlines() if line.strip()]
+    return lines[-1] if lines else "no output"
+
+
+def print_results(results: dict[str, dict]) -> None:
+    base = results[PEER_ADAMW]
+    columns = [("case", 42), *((c[:11], 12) for c in CATEGORIES), ("peak MiB", 10),
+               ("x AdamW", 8), ("step s", 8), ("x AdamW", 8), ("loss@end", 9)]
+    print_table(columns, [
+        [name, *(f"{row[c] / MIB:.1f}" for c in CATEGORIES), f"{row['peak'] / MIB:.1f}",
+         f"{row['peak'] / base['peak']:.3f}", f"{row['step_seconds']:.3f}",
+         f"{row['step_seconds'] / base['step_seconds']:.2f}", f"{row['loss']:.3f}"]
+        for name, row in results.items()])
+
+
+def print_targets(results: dict[str, dict], skipped: dict[str, str]) -> None:
+    def verdict(ratio: float, limit: float) -> str:
+        return f"{ratio:.3f} ({'met' if ratio <= limit else 'MISSED'}: target <= {limit})"
+
+    memfit = {name: row for name, row in results.items() if not name.startswith("peer:")}
+    leanest = min(memfit, key=lambda name: memfit[name]["peak"])
+    if PEER_GALORE_PER_LAYER in results:
+        ratio = memfit[leanest]["peak"] / results[PEER_GALORE_PER_LAYER]["peak"]
+        print(f"leanest memfit mode ({leanest}) / {PEER_GALORE_PER_LAYER}, peak: "
+              + verdict(ratio, 0.4))
+    else:
+        print(f"leanest memfit mode ({leanest}): no {PEER_GALORE_PER_LAYER} to compare "
+              f"({skipped.get(PEER_GALORE_PER_LAYER, 'not run')})")
+    if PEER_ADAMW not in results:
+        print(f"step time: {PEER_ADAMW} was not run")
+        return
+    adamw = results[PEER_ADAMW]["step_seconds"]
+    for name in [f"galore {projector}/adamw" for projector in PROJECTORS] + [leanest]:
+        if name in results:
+            mark = " (memfit's default GaLore)" if name == DEFAULT_GALORE else ""
+            print(f"mean step time over a refresh period, {name}{mark} / {PEER_ADAMW}: "
+                  + verdict(results[name]["step_seconds"] / adamw, 1.15))
+    print("projector refresh vs full SVD at the same rank (target >= 10x): measured by "
+          "`python benchmarks/projector_refresh.py`")
+
+
+def child(arguments: argparse.Namespace) -> None:
+    torch.set_num_threads(arguments.threads)
+    case = next(case for case in CASES if case.name == arguments.case)
+    shape = QUICK if arguments.quick else LLAMA_69M
+    report(measure(case, Path(arguments.model), shape, torch.device(arguments.device)))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="a small model (hidden 256, 4 layers, vocab 2000) for a fast look")
+    parser.add_argument("--only", nargs="+", default=[], metavar="TEXT",
+                        help="run only the cases whose name contains one of these "
+                             f"(and always {PEER_ADAMW!r}, the baseline)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads per case; 1 keeps times steady on a shared "
+                             "machine (default %(default)s)")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    if arguments.child:
+        child(arguments)
+        return
+    shape = QUICK if arguments.quick else LLAMA_69M
+    cases = [case for case in CASES if case.name == PEER_ADAMW or not arguments.only
+             or any(text in case.name for text in arguments.only)]
+    results: dict[str, dict] = {}
+    skipped: dict[str, str] = {}
+    with tempfile.TemporaryDirectory() as temporary:
+        folder = Path(temporary) / "llama"
+        parameters = save_random_llama(folder, shape)
+        print(f"model: Llama {shape.hidden}x{shape.layers}, vocab {shape.vocab}, "
+              f"{parameters / 1e6:.1f}M parameters; batch 1 x {SEQUENCE}; GaLore rank "
+              f"{galore_rank(shape)}, update_gap {UPDATE_GAP}; {METERED_STEPS} metered + 1 + "
+              f"{TIMED_STEPS} timed steps; {arguments.threads} thread(s); device "
+              f"{arguments.device}; bytes are peak live tensor storages (MiB)\n")
+        for case in cases:
+            started = time.perf_counter()
+            try:
+                results[case.name] = run_in_subprocess(__file__, [
+                    "--case", case.name, "--model", str(folder), "--threads",
+                    str(arguments.threads), "--device", arguments.device,
+                    *(["--quick"] if arguments.quick else [])])
+            except CaseFailed as failure:
+                if case.who == "memfit":
+                    raise SystemExit(f"case {case.name!r} failed:\n{failure}") from None
+                skipped[case.name] = _failure_reason(failure)
+            print(f"  {case.name}: {time.perf_counter() - started:.0f}s", file=sys.stderr,
+                  flush=True)
+    if PEER_ADAMW not in results:
+        raise SystemExit(f"the baseline {PEER_ADAMW!r} failed: {skipped[PEER_ADAMW]}")
+    print_results(results)
+    for name, reason in skipped.items():
+        print(f"note: {name} skipped, it failed here: {reason}")
+    print("note: galore-torch keeps P inside a Python object in its optimizer state; the "
+          "meter cannot see into it, so its P bytes count as temporaries\n")
+    print_targets(results, skipped)
+
+
+if __name__ == "__main__":
+    main()

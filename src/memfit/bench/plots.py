@@ -1,0 +1,64 @@
+"""The bench's PNGs (and the curves ``memfit report`` draws): stacked peak memory per
+case, loss curves, peak memory over steps. Same colours, units and atomic writes as the
+run folder's memory.png (monitor.memory_plot)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from memfit.bench.table import Row
+from memfit.monitor.memory import CATEGORIES
+
+# Shared with memory.png so a category has one colour in every memfit picture.
+from memfit.monitor.memory_plot import _COLORS, _save_png, _unit
+
+Series = Mapping[str, Mapping[int, float]]  # label -> step -> value
+
+
+def memory_bars(rows: Sequence[Row], path: Path) -> Path:
+    """One horizontal bar per case, stacked by category at the case's peak."""
+    rows = [row for row in rows if row.peak_bytes]
+    unit, size = _unit(max([row.peak_bytes for row in rows] + [1]))
+    figure = Figure(figsize=(9, 0.45 * len(rows) + 1.6))
+    axes = figure.add_subplot()
+    positions = list(range(len(rows)))
+    left = [0.0] * len(rows)
+    for category in CATEGORIES:
+        widths = [row.by_category.get(category, 0) / size for row in rows]
+        axes.barh(positions, widths, left=left, color=_COLORS[category], label=category)
+        left = [a + b for a, b in zip(left, widths, strict=True)]
+    for position, row in zip(positions, rows, strict=True):
+        if row.plan_bytes:  # the planner's estimate as a tick on the bar
+            axes.plot([row.plan_bytes / size] * 2, [position - 0.4, position + 0.4],
+                      color="black", linewidth=1.5)
+    axes.set_yticks(positions, labels=[row.name for row in rows], fontsize="small")
+    axes.invert_yaxis()
+    axes.set_xlabel(f"peak memory ({unit}); black tick: memfit plan's estimate")
+    axes.set_title("Peak memory by category")
+    axes.legend(loc="lower right", fontsize="small")
+    figure.tight_layout()
+    return _save_png(figure, path)
+
+
+def line_plot(series: Series, path: Path, title: str, ylabel: str, bytes_axis: bool = False,
+              markers: bool = False) -> Path:
+    """One line per label over optimizer steps; ``bytes_axis`` scales to binary units."""
+    largest = max((v for values in series.values() for v in values.values()), default=1)
+    unit, size = _unit(largest) if bytes_axis else ("", 1)
+    figure = Figure(figsize=(9, 5))
+    axes = figure.add_subplot()
+    for label, values in series.items():
+        steps = sorted(values)
+        axes.plot(steps, [values[s] / size for s in steps], label=label, linewidth=1.2,
+                  marker="o" if markers or len(steps) == 1 else None, markersize=3)
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel(f"{ylabel} ({unit})" if unit else ylabel)
+    axes.set_title(title)
+    if bytes_axis:
+        axes.set_ylim(bottom=0)
+    axes.legend(fontsize="x-small", ncol=2)
+    figure.tight_layout()
+    return _save_png(figure, path)

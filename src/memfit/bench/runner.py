@@ -1,0 +1,229 @@
+"""``memfit bench``: run every case in its own process on the same model, data and seed,
+then write the side-by-side table and the plots.
+
+    from memfit.bench import run_bench
+    result = run_bench("all", out="bench-results")   # what `memfit bench --suite all` does
+    print(result.markdown)
+
+Suites differ in how many steps run and how often memory is measured (see ``SUITES``);
+every suite fills the whole table. Files under ``out``: ``bench.md`` (the tables),
+``results.json`` (every record, the plans, the notes), ``memory.png`` (stacked peak by
+category, with the plan's estimate), ``loss.png``, ``memory_over_steps.png``,
+``runs/<case>/`` (memfit's run folders: ``memfit report`` works on them) and ``logs/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memfit._utils.atomic import write_text
+from memfit._utils.errors import ConfigError, MemfitError
+from memfit.bench import plots
+from memfit.bench.cases import BASELINE, Case, select
+from memfit.bench.models import BenchModel, bench_model, materialize
+from memfit.bench.table import Row, markdown_table, pairs_table, summarize
+from memfit.config import from_mapping, to_mapping
+from memfit.monitor.memory import RECORD_PEAK_KEY
+
+# suite -> default optimizer steps per case. memory: every step measured; the others
+# measure every k-th step (``memory_every``) and time the rest.
+SUITES = {"memory": 3, "speed": 20, "quality": 60, "all": 60}
+# Nothing in the bench may be refused for lack of memory: plan against a huge budget.
+_PLAN_BUDGET = "1TiB"
+
+
+@dataclass(frozen=True)
+class CaseOutcome:
+    case: Case
+    records: list[dict[str, Any]]
+    plan_bytes: int | None
+    note: str | None  # skipped or failed: why (records empty)
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    out: Path
+    markdown: str
+    rows: list[Row]
+    outcomes: list[CaseOutcome]
+    wall_seconds: float
+
+    @property
+    def failed(self) -> list[str]:
+        return [o.case.name for o in self.outcomes if o.note and o.note.startswith("failed")]
+
+
+def memory_every(suite: str, steps: int) -> int:
+    """Measure every step for the memory suite; else about four measured steps."""
+    return 1 if suite == "memory" else max(2, steps // 4)
+
+
+def base_mapping(model: BenchModel, folder: Path, data: Path, steps: int, every: int
+                 ) -> dict[str, Any]:
+    """What every case shares: constant lr, no clipping, no eval split (the peers' loops
+    have neither), one seed; memory measured on steps every, 2*every, ..."""
+    return {
+        "model": {"path": str(folder)},
+        "data": {"path": str(data), "format": model.data_format,
+                 "max_length": model.max_length, "eval_fraction": 0.0},
+        "precision": model.precision,
+        "adapter": {"rank": 8, "alpha": 16.0, "targets": ["all-linear"]},
+        "optimizer": {"galore": {"rank": 16, "update_gap": 50, "scale": 0.25}},
+        "train": {"micro_batch_size": model.micro_batch_size, "max_steps": steps,
+                  "lr_schedule": "constant", "warmup_steps": 0, "max_grad_norm": None,
+                  "seed": 0},
+        "log": {"tensorboard": False, "progress": False, "every": 1, "memory_every": every},
+    }
+
+
+def case_mapping(base: dict[str, Any], case: Case, run_dir: Path) -> dict[str, Any]:
+    """The case's full config as a YAML-shaped mapping (validated here, before any
+    process starts, so a bad combination fails in one line)."""
+    from memfit.plan.strategies import with_overrides
+
+    config = with_overrides(from_mapping(base), case.overrides)
+    config = with_overrides(config, {"train.output_dir": str(run_dir)})
+    mapping = to_mapping(config)
+    from_mapping(mapping)
+    return mapping
+
+
+def slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def _plan_bytes(mapping: dict[str, Any], device: torch.device) -> int | None:
+    import memfit
+
+    try:
+        plan = memfit.plan(mapping, _PLAN_BUDGET, device=device.type)
+    except MemfitError:
+        return None
+    return plan.config.peak_tensor_bytes
+
+
+def _spawn(case: Case, mapping: dict[str, Any], out: Path) -> str | None:
+    """Run one case in a child process; None on success, else the reason."""
+    name = slug(case.name)
+    spec, result, log = (out / "specs" / f"{name}.json", out / "results" / f"{name}.json",
+                         out / "logs" / f"{name}.log")
+    write_text(spec, json.dumps({"case": case.name, "config": mapping}, indent=2))
+    result.unlink(missing_ok=True)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    with log.open("w") as stream:
+        done = subprocess.run([sys.executable, "-m", "memfit.bench.case", str(spec),
+                               str(result)], stdout=stream, stderr=subprocess.STDOUT, env=env,
+                              check=False)
+    if done.returncode == 0 and result.is_file():
+        return None
+    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    last = lines[-1][:160] if lines else f"exit status {done.returncode}"
+    return f"failed: {last} (see logs/{name}.log)"
+
+
+def run_bench(suite: str = "all", model: str = "demo-base", out: Path | str = "bench-results",
+              steps: int | None = None, cases: str | None = None,
+              on_progress: Callable[[str], None] = lambda line: None) -> BenchResult:
+    """Run the cases of ``cases`` (see bench.cases.select) for ``suite`` on ``model``.
+
+    Raises ConfigError for an unknown suite, model or case, or a bad step count."""
+    started = time.perf_counter()
+    if suite not in SUITES:
+        raise ConfigError(f"--suite {suite!r} is not one of: {', '.join(SUITES)}")
+    steps = SUITES[suite] if steps is None else steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"--steps must be a positive integer, got {steps!r}")
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    settings = bench_model(model, device)
+    chosen = select(cases)
+    out = Path(out)
+    folder, data = materialize(model, out)
+    base = base_mapping(settings, folder, data, steps, memory_every(suite, steps))
+
+    outcomes = []
+    for index, case in enumerate(chosen, start=1):
+        run_dir = out / "runs" / slug(case.name)
+        mapping = case_mapping(base, case, run_dir)
+        missing = case.missing()
+        if missing:
+            note = f"skipped: {', '.join(missing)} not installed"
+            outcomes.append(CaseOutcome(case, [], None, note))
+            on_progress(f"[{index}/{len(chosen)}] {case.name}: {note}")
+            continue
+        # A previous bench's run of this case: memfit.train refuses to overwrite a run.
+        shutil.rmtree(run_dir, ignore_errors=True)
+        case_started = time.perf_counter()
+        note = _spawn(case, mapping, out)
+        records = [] if note else json.loads(
+            (out / "results" / f"{slug(case.name)}.json").read_text())["records"]
+        outcomes.append(CaseOutcome(case, records, _plan_bytes(mapping, device), note))
+        on_progress(f"[{index}/{len(chosen)}] {case.name}: "
+                    f"{note or 'done'} ({time.perf_counter() - case_started:.0f} s)")
+
+    rows = [summarize(o.case.name, o.records, o.plan_bytes) if not o.note
+            else Row(o.case.name, None, {}, None, None, None, False, None, o.note)
+            for o in outcomes]
+    wall = time.perf_counter() - started
+    markdown = _write_outputs(out, suite, model, settings, device, steps, outcomes, rows, wall)
+    return BenchResult(out, markdown, rows, outcomes, wall)
+
+
+def _write_outputs(out: Path, suite: str, model: str, settings: BenchModel,
+                   device: torch.device, steps: int, outcomes: list[CaseOutcome],
+                   rows: list[Row], wall: float) -> str:
+    every = memory_every(suite, steps)
+    pairs = [(o.case.mirrors, o.case.name) for o in outcomes if o.case.mirrors]
+    meter = ("exact live tensor bytes (memfit's CPU tensor tracker)" if device.type == "cpu"
+             else "torch.cuda.max_memory_allocated; activations = peak - weights - grads - "
+                  "optimizer")
+    parts = [
+        f"# memfit bench --suite {suite} --model {model} --steps {steps}",
+        "",
+        f"{settings.description}; {settings.data_format} data, micro-batch "
+        f"{settings.micro_batch_size} x {settings.max_length} tokens; {steps} steps per case, "
+        f"seed 0, constant lr, no clipping; device {device.type}; memory measured on every "
+        f"{'' if every == 1 else f'{every}th '}step: {meter}. Wall time {wall / 60:.1f} min.",
+        "",
+        markdown_table(rows, BASELINE),
+        "",
+        f"Ratios (x) are to `{BASELINE}`. plan = `memfit.plan(config, device="
+        f"\"{device.type}\")` peak tensor bytes of the case's memfit configuration "
+        "(for a peer: the memfit configuration doing the same job); plan error = (plan - "
+        "measured) / measured. step ms: median over steps other than the first and the "
+        "memory-measured ones (`*`: every step was measured, so it includes the tracker's "
+        "cost). final loss: mean training loss of the last 5 steps (same batches for all).",
+    ]
+    pairs_markdown = pairs_table(rows, pairs)
+    if pairs_markdown:
+        parts += ["", "## memfit against the peer doing the same job", "", pairs_markdown]
+    markdown = "\n".join(parts) + "\n"
+    write_text(out / "bench.md", markdown)
+    write_text(out / "results.json", json.dumps({
+        "suite": suite, "model": model, "device": device.type, "steps": steps,
+        "wall_seconds": wall,
+        "cases": [{"name": o.case.name, "plan_peak_tensor_bytes": o.plan_bytes,
+                   "note": o.note, "records": o.records} for o in outcomes]}, indent=1))
+    measured = [o for o in outcomes if o.records]
+    if any(row.peak_bytes for row in rows):
+        plots.memory_bars(rows, out / "memory.png")
+        plots.line_plot({o.case.name: {r["step"]: r[RECORD_PEAK_KEY] for r in o.records
+                                       if RECORD_PEAK_KEY in r} for o in measured},
+                        out / "memory_over_steps.png", "Peak memory of each measured step",
+                        "peak memory", bytes_axis=True, markers=True)
+    if measured:
+        plots.line_plot({o.case.name: {r["step"]: r["loss"] for r in o.records}
+                         for o in measured}, out / "loss.png", "Training loss", "loss")
+    return markdown
