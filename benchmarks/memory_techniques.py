@@ -115,7 +115,7 @@ def build_peer(folder: Path, flags: dict, device: torch.device):
 
 def run_case(name: str, folder: Path, steps: int, device: torch.device) -> dict:
     from memfit.monitor.memory import make_memory_meter
-    from memfit.techniques import activation_offload
+    from memfit.techniques.activation_offload import ActivationOffload
 
     who, settings = CASES[name]
     build = build_memfit if who == "memfit" else build_peer
@@ -124,12 +124,13 @@ def run_case(name: str, folder: Path, steps: int, device: torch.device) -> dict:
     data = token_batch(LLAMA_69M.vocab, SEQUENCE, device)
     meter = make_memory_meter(device)
     meter.attach(model, optimizer)
+    offloader = ActivationOffload(device)
     losses = []
     for _ in range(steps):
         with meter.step():
             with torch.autocast(device.type, dtype=dtype or torch.float32,
                                 enabled=dtype is not None), \
-                    activation_offload.context(offload, device):
+                    offloader.context(offload):
                 loss = loss_fn(data)
             loss.backward()
             optimizer.step()

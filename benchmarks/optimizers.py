@@ -1,6 +1,6 @@
 """Peak memory and step time of memfit's optimizers against the libraries they replace.
 
-    python benchmarks/optimizers.py [--quick] [--only TEXT ...] [--threads 1] [--device cpu]
+    python benchmarks/optimizers.py [--quick] [--all] [--only TEXT ...] [--threads 1]
 
 The 69M Llama-architecture model of benchmarks/memory_techniques.py (hidden 768, 8
 layers, 12 heads, intermediate 2064, vocab 8000, untied head; ``--quick``: hidden 256, 4
@@ -11,10 +11,10 @@ relative step). Every case runs in its own process:
 1. ``METERED_STEPS`` steps inside memfit's memory meter (CPU: exact live tensor storages,
    split by category at the peak; the first step creates the optimizer state and the
    first projector, so the peak includes both);
-2. one untimed step, then ``TIMED_STEPS`` timed steps (forward, backward, optimizer step)
-   without the meter, whose per-op bookkeeping would distort time. GaLore refreshes its
-   projector every ``UPDATE_GAP`` = ``TIMED_STEPS`` steps, so the mean covers exactly one
-   refresh period, refresh included.
+2. then ``TIMED_STEPS`` timed steps (forward, backward, optimizer step) without the meter,
+   whose per-op bookkeeping would distort time (the metered steps are the warm-up). GaLore
+   refreshes its projector every ``UPDATE_GAP`` = ``TIMED_STEPS`` steps, so the mean covers
+   exactly one refresh period, refresh included.
 
 memfit cases go through memfit's own model preparation and ``optimizer.*`` factory.
 GaLore: rank hidden/6 (128), scale 0.25, attention and MLP matrices projected, embeddings
@@ -60,7 +60,6 @@ QUICK = LlamaShape(hidden=256, layers=4, heads=4, intermediate=688, vocab=2000)
 CATEGORIES = ("weights", "grads", "optimizer", "activations", "temporaries")
 
 PROJECTORS = ("svd", "randomized_svd", "online", "random")
-INNERS = ("adamw", "adamw8bit")
 # memfit's optimizers that write bf16 weights back with stochastic rounding.
 BF16_PURE_OPTIMIZERS = ("adamw", "galore")
 
@@ -72,23 +71,47 @@ class Case:
     settings: tuple[tuple[str, str], ...]  # memfit: config overrides; peer: (("peer", id),)
 
 
-def _memfit_cases() -> list[Case]:
-    optimizers = [(name, {"optimizer.name": name}) for name in ("adamw", "adamw8bit", "adafactor")]
-    optimizers += [(f"galore {projector}/{inner}", {
+def _galore(projector: str, inner: str) -> tuple[str, dict[str, str]]:
+    return f"galore {projector}/{inner}", {
         "optimizer.name": "galore", "optimizer.galore.projector": projector,
-        "optimizer.galore.inner": inner}) for projector in PROJECTORS for inner in INNERS]
-    cases = []
-    for label, overrides in optimizers:
-        precisions = ("fp32", "bf16-pure") if overrides["optimizer.name"] in \
-            BF16_PURE_OPTIMIZERS else ("fp32",)
-        for precision in precisions:
-            for layerwise in (False, True):
-                name = label + (", layer-wise" if layerwise else "") + \
-                    (", bf16-pure" if precision == "bf16-pure" else "")
-                settings = {**overrides, "precision": precision,
-                            "optimizer.layerwise": str(layerwise).lower()}
-                cases.append(Case(name, "memfit", tuple(settings.items())))
-    return cases
+        "optimizer.galore.inner": inner}
+
+
+OPTIMIZERS = dict([*((name, {"optimizer.name": name}) for name in
+                     ("adamw", "adamw8bit", "adafactor")),
+                   *(_galore(projector, "adamw") for projector in PROJECTORS),
+                   *(_galore(projector, "adamw8bit") for projector in PROJECTORS),
+                   _galore("randomized_svd", "adafactor")])
+# The default run, (optimizer, layer-wise, precision): every optimizer once, then layer-wise
+# and bf16-pure where they change the picture (the projector hardly changes memory, so the
+# variants use the default one). --all runs every combination (about twice as long).
+DEFAULT_COMBINATIONS = [
+    *((name, False, "fp32") for name in ("adamw", "adamw8bit", "adafactor",
+                                         *(f"galore {p}/adamw" for p in PROJECTORS),
+                                         "galore randomized_svd/adamw8bit")),
+    *((name, True, "fp32") for name in ("adamw", "adamw8bit", "adafactor",
+                                        "galore randomized_svd/adamw",
+                                        "galore randomized_svd/adamw8bit")),
+    ("adamw", False, "bf16-pure"), ("adamw", True, "bf16-pure"),
+    ("galore randomized_svd/adamw8bit", False, "bf16-pure"),
+    ("galore randomized_svd/adamw8bit", True, "bf16-pure"),
+    ("galore randomized_svd/adafactor", True, "bf16-pure"),
+]
+
+
+def _memfit_case(optimizer: str, layerwise: bool, precision: str) -> Case:
+    name = optimizer + (", layer-wise" if layerwise else "") + \
+        (", bf16-pure" if precision == "bf16-pure" else "")
+    settings = {**OPTIMIZERS[optimizer], "precision": precision,
+                "optimizer.layerwise": str(layerwise).lower()}
+    return Case(name, "memfit", tuple(settings.items()))
+
+
+def _all_combinations() -> list[tuple[str, bool, str]]:
+    return [(optimizer, layerwise, precision) for optimizer, settings in OPTIMIZERS.items()
+            for precision in (("fp32", "bf16-pure") if settings["optimizer.name"] in
+                              BF16_PURE_OPTIMIZERS else ("fp32",))
+            for layerwise in (False, True)]
 
 
 PEER_ADAMW = "peer: torch AdamW"
@@ -101,8 +124,7 @@ PEERS = {
     PEER_GALORE_PER_LAYER: "galore-per-layer",
     "peer: galore-torch AdamW8bit, per-layer": "galore8bit-per-layer",
 }
-CASES = [*(Case(name, "peer", (("peer", peer),)) for name, peer in PEERS.items()),
-         *_memfit_cases()]
+PEER_CASES = [Case(name, "peer", (("peer", peer),)) for name, peer in PEERS.items()]
 DEFAULT_GALORE = "galore randomized_svd/adamw"  # memfit's default projector and inner
 
 
@@ -215,7 +237,6 @@ def measure(case: Case, folder: Path, shape: LlamaShape, device: torch.device) -
     for _ in range(METERED_STEPS):
         with meter.step():
             train_step()
-    train_step()  # untimed: leaves the meter's first-step effects out of the times
     seconds = []
     for _ in range(TIMED_STEPS):
         if device.type == "cuda":
@@ -235,7 +256,7 @@ def _failure_reason(failure: CaseFailed) -> str:
 
 def print_results(results: dict[str, dict]) -> None:
     base = results[PEER_ADAMW]
-    columns = [("case", 42), *((c[:11], 12) for c in CATEGORIES), ("peak MiB", 10),
+    columns = [("case", 52), *((c[:11], 12) for c in CATEGORIES), ("peak MiB", 10),
                ("x AdamW", 8), ("step s", 8), ("x AdamW", 8), ("loss@end", 9)]
     print_table(columns, [
         [name, *(f"{row[c] / MIB:.1f}" for c in CATEGORIES), f"{row['peak'] / MIB:.1f}",
@@ -272,7 +293,8 @@ def print_targets(results: dict[str, dict], skipped: dict[str, str]) -> None:
 
 def child(arguments: argparse.Namespace) -> None:
     torch.set_num_threads(arguments.threads)
-    case = next(case for case in CASES if case.name == arguments.case)
+    every = PEER_CASES + [_memfit_case(*combination) for combination in _all_combinations()]
+    case = next(case for case in every if case.name == arguments.case)
     shape = QUICK if arguments.quick else LLAMA_69M
     report(measure(case, Path(arguments.model), shape, torch.device(arguments.device)))
 
@@ -281,6 +303,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true",
                         help="a small model (hidden 256, 4 layers, vocab 2000) for a fast look")
+    parser.add_argument("--all", action="store_true",
+                        help="every optimizer x layer-wise x precision combination")
     parser.add_argument("--only", nargs="+", default=[], metavar="TEXT",
                         help="run only the cases whose name contains one of these "
                              f"(and always {PEER_ADAMW!r}, the baseline)")
@@ -296,7 +320,9 @@ def main() -> None:
         child(arguments)
         return
     shape = QUICK if arguments.quick else LLAMA_69M
-    cases = [case for case in CASES if case.name == PEER_ADAMW or not arguments.only
+    combinations = _all_combinations() if arguments.all else DEFAULT_COMBINATIONS
+    cases = PEER_CASES + [_memfit_case(*combination) for combination in combinations]
+    cases = [case for case in cases if case.name == PEER_ADAMW or not arguments.only
              or any(text in case.name for text in arguments.only)]
     results: dict[str, dict] = {}
     skipped: dict[str, str] = {}
@@ -305,7 +331,7 @@ def main() -> None:
         parameters = save_random_llama(folder, shape)
         print(f"model: Llama {shape.hidden}x{shape.layers}, vocab {shape.vocab}, "
               f"{parameters / 1e6:.1f}M parameters; batch 1 x {SEQUENCE}; GaLore rank "
-              f"{galore_rank(shape)}, update_gap {UPDATE_GAP}; {METERED_STEPS} metered + 1 + "
+              f"{galore_rank(shape)}, update_gap {UPDATE_GAP}; {METERED_STEPS} metered + "
               f"{TIMED_STEPS} timed steps; {arguments.threads} thread(s); device "
               f"{arguments.device}; bytes are peak live tensor storages (MiB)\n")
         for case in cases:

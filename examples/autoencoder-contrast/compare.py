@@ -41,7 +41,7 @@ from memfit.training.image_metrics import psnr, ssim
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import model as user_model  # noqa: E402 -- the example's factory module, beside this file
 
-FULL_FINETUNE_LR = 1e-3  # full fine-tuning moves every weight: a smaller step than LoRA's
+FULL_FINETUNE_LR = 3e-3  # full fine-tuning moves every weight: a smaller step than LoRA's
 
 
 def main() -> None:

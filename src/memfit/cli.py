@@ -124,7 +124,8 @@ def _command_plan(args: argparse.Namespace) -> int:
     config = load_plan_config(config_path, overrides)
     from memfit.training.fit import example_batch
 
-    result = plan(config, args.budget, device=args.device, example_batch=example_batch(config))
+    result = plan(config, args.budget, device=args.device, example_batch=example_batch(config),
+                  devices=args.devices)
     print(json.dumps(result.to_json(), indent=2) if args.json else format_plan(result, config))
     return 0
 
@@ -202,6 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--budget", required=True, help="device memory, e.g. 24GiB, 16GB, 8e9")
     plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                       help="cuda adds context and allocator overhead; cpu counts tensors only")
+    plan.add_argument("--devices", type=int, default=1, metavar="N",
+                      help="bytes per device when FSDP2 shards training over N devices")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     plan.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                       help="show tracebacks for errors")

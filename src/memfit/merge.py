@@ -9,20 +9,26 @@ PEFT's ``merge_and_unload`` folds the update in and removes every LoRA module.
 Output: a normal Hugging Face folder (config + model.safetensors + tokenizer) for
 transformers models, or ``model.safetensors`` holding a state dict that loads into the
 factory's module with ``load_state_dict(strict=True)``.
+
+A full fine-tune trained with distributed.strategy=fsdp is consolidated instead: its
+newest sharded checkpoint becomes one normal model folder (finished or not).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from memfit._utils.atomic import staged_folder
 from memfit._utils.errors import ConfigError
+from memfit.checkpoint import latest_checkpoint
 from memfit.checkpoint.export import save_model
-from memfit.config import from_mapping
+from memfit.config import Config, from_mapping
 from memfit.config.load import read_yaml
-from memfit.config.schema import AdapterKind
+from memfit.config.schema import AdapterKind, Precision
+from memfit.distributed.checkpoint import is_sharded_checkpoint, load_trainable
 from memfit.models.load import TORCH_DTYPES
 from memfit.techniques import quantize
 from memfit.training.build import frozen_storage_dtype, load_base, seed_everything
@@ -36,6 +42,10 @@ def merged_model(run_dir: Path) -> tuple[nn.Module, object | None, bool]:
     if not config_path.is_file():
         raise ConfigError(f"memfit merge {run_dir}: no config.yaml there (not a run folder)")
     config = from_mapping(read_yaml(config_path))
+    checkpoint = latest_checkpoint(run_dir)
+    if (config.adapter.kind is AdapterKind.NONE and checkpoint is not None
+            and is_sharded_checkpoint(checkpoint)):
+        return _consolidated(config, checkpoint)
     if config.adapter.kind is AdapterKind.NONE:
         raise ConfigError(f"memfit merge {run_dir}: the run trained without adapters "
                           "(adapter.kind=none); its model/ folder is already the full model")
@@ -58,6 +68,17 @@ def merged_model(run_dir: Path) -> tuple[nn.Module, object | None, bool]:
         quantizer.remove_quantization_config(base)
     adapted = PeftModel.from_pretrained(base, adapter_dir)
     return adapted.merge_and_unload(), loaded.tokenizer, loaded.is_transformers
+
+
+def _consolidated(config: Config, checkpoint: Path) -> tuple[nn.Module, object | None, bool]:
+    """A full fine-tune's newest sharded (distributed.strategy=fsdp) checkpoint as one
+    model: the base rebuilt as training started, every weight read back whole."""
+    seed_everything(config.train.seed)
+    loaded = load_base(config)
+    if config.precision is Precision.BF16_PURE:
+        loaded.model.to(torch.bfloat16)  # the dtype the weights trained (and were saved) in
+    load_trainable(checkpoint, loaded.model)
+    return loaded.model, loaded.tokenizer, loaded.is_transformers
 
 
 def merge_run(run_dir: str | Path, out: str | Path) -> Path:

@@ -119,7 +119,9 @@ def peft_lora(folder: Path, config: Config, batches: list[Batch],
         quantization = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=adapter.double_quant, bnb_4bit_compute_dtype=compute)
-        placement = {"device_map": {"": device}} if device.type == "cuda" else {}
+        # bitsandbytes quantizes while loading: place the layers on the GPU from the start.
+        placement = ({"device_map": {"": torch.cuda.current_device()}}
+                     if device.type == "cuda" else {})
         model = AutoModelForCausalLM.from_pretrained(folder, quantization_config=quantization,
                                                      **placement)
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing,

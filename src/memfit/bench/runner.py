@@ -40,8 +40,6 @@ from memfit.monitor.memory import RECORD_PEAK_KEY
 # suite -> default optimizer steps per case. memory: every step measured; the others
 # measure every k-th step (``memory_every``) and time the rest.
 SUITES = {"memory": 3, "speed": 20, "quality": 60, "all": 60}
-# Nothing in the bench may be refused for lack of memory: plan against a huge budget.
-_PLAN_BUDGET = "1TiB"
 
 
 @dataclass(frozen=True)
@@ -105,13 +103,15 @@ def slug(name: str) -> str:
 
 
 def _plan_bytes(mapping: dict[str, Any], device: torch.device) -> int | None:
-    import memfit
+    """The planner's peak for exactly this configuration (``memfit.plan(...).config``
+    without the other strategies, which the table does not need)."""
+    from memfit.plan import estimate
+    from memfit.plan.planner import as_config
 
     try:
-        plan = memfit.plan(mapping, _PLAN_BUDGET, device=device.type)
+        return estimate(as_config(mapping), device.type).peak_tensor_bytes
     except MemfitError:
         return None
-    return plan.config.peak_tensor_bytes
 
 
 def _spawn(case: Case, mapping: dict[str, Any], out: Path) -> str | None:
@@ -123,6 +123,10 @@ def _spawn(case: Case, mapping: dict[str, Any], out: Path) -> str | None:
     result.unlink(missing_ok=True)
     log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    if not torch.cuda.is_available():
+        # One thread per case: on a shared or small CPU, intra-op threads waiting on each
+        # other make step times swing several-fold; one thread keeps the ratios steady.
+        env["OMP_NUM_THREADS"] = "1"
     with log.open("w") as stream:
         done = subprocess.run([sys.executable, "-m", "memfit.bench.case", str(spec),
                                str(result)], stdout=stream, stderr=subprocess.STDOUT, env=env,
@@ -194,12 +198,13 @@ def _write_outputs(out: Path, suite: str, model: str, settings: BenchModel,
         "",
         f"{settings.description}; {settings.data_format} data, micro-batch "
         f"{settings.micro_batch_size} x {settings.max_length} tokens; {steps} steps per case, "
-        f"seed 0, constant lr, no clipping; device {device.type}; memory measured on every "
+        f"seed 0, constant lr, no clipping; device {device.type}"
+        f"{' (one thread per case)' if device.type == 'cpu' else ''}; memory measured on every "
         f"{'' if every == 1 else f'{every}th '}step: {meter}. Wall time {wall / 60:.1f} min.",
         "",
         markdown_table(rows, BASELINE),
         "",
-        f"Ratios (x) are to `{BASELINE}`. plan = `memfit.plan(config, device="
+        f"Ratios (x) are to `{BASELINE}`. plan = `memfit.plan.estimate(config, "
         f"\"{device.type}\")` peak tensor bytes of the case's memfit configuration "
         "(for a peer: the memfit configuration doing the same job); plan error = (plan - "
         "measured) / measured. step ms: median over steps other than the first and the "

@@ -178,8 +178,8 @@ class ImagesConfig:
     )
     contrast: tuple[str, ...] = doc(
         "Contrast transforms making the model's input, applied in order: gamma:G, invert, "
-        "window:LEVEL:WIDTH, stretch:LOW_PERCENTILE:HIGH_PERCENTILE, noise:SIGMA (seeded per "
-        "image). Empty: the images as they are.",
+        "window:LEVEL:WIDTH, stretch[:LOW:HIGH] (percentiles to [0, 1], default 1:99), "
+        "noise:SIGMA (Gaussian, seeded per image). Empty: the images as they are.",
         default=(),
     )
     target_contrast: tuple[str, ...] | None = doc(

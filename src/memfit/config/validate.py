@@ -162,6 +162,11 @@ _NOT_WITH_FSDP = [
 ]
 
 
+def fsdp_incompatibility(config: Config) -> str | None:
+    """Why distributed.strategy=fsdp cannot train ``config`` (None: it can)."""
+    return next((why for applies, why in _NOT_WITH_FSDP if applies(config)), None)
+
+
 def _check_distributed(config: Config) -> None:
     strategy, nproc = config.distributed.strategy, config.distributed.nproc
     if strategy is DistributedStrategy.NONE:
@@ -169,9 +174,9 @@ def _check_distributed(config: Config) -> None:
             raise ConfigError(f"distributed.nproc={nproc} needs distributed.strategy=fsdp "
                               "(memfit trains on several processes by sharding with FSDP2)")
         return
-    for applies, why in _NOT_WITH_FSDP:
-        if applies(config):
-            raise ConfigError(f"distributed.strategy=fsdp cannot be combined with {why}")
+    why = fsdp_incompatibility(config)
+    if why is not None:
+        raise ConfigError(f"distributed.strategy=fsdp cannot be combined with {why}")
 
 
 # Keys whose feature lands with a later issue: (predicate, message).

@@ -50,9 +50,11 @@ def shard(model: nn.Module, blocks: list[nn.Module], precision: Precision,
     for block in blocks:
         fully_shard(block, mesh=mesh, mp_policy=policy, ignored_params=ignored)
     fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
-    # Sum, and say so as a plain SUM: gloo has no pre-multiplied reduction.
-    model.set_gradient_divide_factor(1.0)
-    model.set_force_sum_reduction_for_comms(True)
+    for unit in (module for module in model.modules() if isinstance(module, FSDPModule)):
+        # Sum (set per unit: the setters do not recurse), as a plain SUM: gloo has no
+        # pre-multiplied reduction.
+        unit.set_gradient_divide_factor(1.0)
+        unit.set_force_sum_reduction_for_comms(True)
     return model
 
 

@@ -38,6 +38,9 @@ def setup(config: Config) -> None:
             raise ConfigError(f"launched as {world} processes (WORLD_SIZE={world}) but "
                               "distributed.strategy=none; set distributed.strategy=fsdp")
         return
+    if world is None and config.distributed.nproc > 1:
+        raise ConfigError(f"distributed.nproc={config.distributed.nproc}: start the processes "
+                          "with `memfit train --nproc N` or torchrun; this call runs in one")
     if dist.is_initialized():
         return
     # CPU tensors (item counts, losses) travel over gloo, CUDA ones over NCCL.

@@ -15,6 +15,12 @@ The training step has three candidate peaks, and the estimate is the largest:
 Layer-wise updates (optimizer.layerwise) replace 1-3 by: the trace without grads + the one
 grad being consumed + one parameter's step scratch + accumulation buffers.
 
+Sharded over N devices (distributed.strategy=fsdp, ``distributed.nproc`` = N when planning):
+weights, grads and optimizer state are divided by N (a QLoRA 4-bit base is replicated,
+not divided); activations stay per device; temporaries gain FSDP2's all-gather working
+set — one block's weights in full for the block running and one prefetched — and that
+block's unsharded gradients before their reduce-scatter.
+
 Hugging Face models deeper than ``EXACT_DEPTH`` are built (on meta) and traced with 1 and 2
 layers, and every quantity — weights, the trainable parameters, the traced bytes — is
 extrapolated linearly in depth (the blocks repeat), so a 70B model is planned in seconds.
@@ -23,6 +29,7 @@ extrapolated linearly in depth (the blocks repeat), so a 70B model is planned in
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,7 +37,7 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import Config, Precision, Task
+from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision, Task
 from memfit.models.load import import_object
 from memfit.models.loss import causal_lm_loss_sum
 from memfit.plan import costs, meta
@@ -74,6 +81,8 @@ class _Sizing:
     weight_bytes: int
     params: list[costs.Param]
     trace: TraceResult
+    block_bytes: int  # the largest repeated block's weights (one FSDP2 unit)
+    block_trainable_bytes: int  # ... and its trainable part (its unsharded gradients)
 
 
 _SIZING_CACHE: dict[tuple, _Sizing] = {}
@@ -87,11 +96,15 @@ def estimate(config: Config, device: str = "cuda",
     if not params:
         raise ConfigError("the model has no trainable parameters (check adapter.*)")
     optimizer = costs.optimizer_cost(params, config)
-    grads = costs.grad_bytes(params)
+    devices = _sharded_over(config)
+    shard = lambda nbytes: -(-nbytes // devices)  # noqa: E731 - bytes on one device
+    grads = shard(costs.grad_bytes(params))
     largest = costs.largest_trainable_bytes(params)
     offload = config.memory.optimizer_offload
-    state = 0 if offload else optimizer.state_bytes
+    state = 0 if offload else shard(optimizer.state_bytes)
     with_grads, without = trace.peak, trace.peak_without_grads
+    if devices > 1:
+        with_grads, without = _in_backward_per_device(with_grads, without, shard, sizing)
     if config.optimizer.layerwise:
         candidates = [
             {"grads": largest, "activations": without["activations"],
@@ -101,12 +114,15 @@ def estimate(config: Config, device: str = "cuda",
         candidates = [{"grads": with_grads["grads"], "activations": with_grads["activations"],
                        "temporaries": with_grads["temporaries"]},
                       {"grads": grads, "activations": 0,
-                       "temporaries": 0 if offload else optimizer.step_scratch_bytes}]
+                       "temporaries": 0 if offload else shard(optimizer.step_scratch_bytes)}]
         if config.train.gradient_accumulation_steps > 1:
             candidates.append({"grads": grads, "activations": without["activations"],
                                "temporaries": without["temporaries"] + largest})
     peak = max(candidates, key=lambda c: sum(c.values()))
-    split = {"weights": sizing.weight_bytes, "grads": peak["grads"], "optimizer": state,
+    # A QLoRA 4-bit base is replicated, not sharded (memfit.distributed.fsdp).
+    weights = sizing.weight_bytes if config.adapter.kind is AdapterKind.QLORA \
+        else shard(sizing.weight_bytes)
+    split = {"weights": weights, "grads": peak["grads"], "optimizer": state,
              "activations": peak["activations"], "temporaries": peak["temporaries"]}
     total = sum(split.values())
     host = trace.host_peak_bytes
@@ -114,6 +130,37 @@ def estimate(config: Config, device: str = "cuda",
         host += optimizer.state_bytes + 2 * 4 * sum(p.numel for p in params)
     return Estimate(split, total, costs.device_overhead_bytes(total, device), host,
                     config.train.micro_batch_size, config.train.gradient_accumulation_steps)
+
+
+def _sharded_over(config: Config) -> int:
+    """Devices FSDP2 shards weights, grads and state over (1: not sharded)."""
+    fsdp = config.distributed.strategy is DistributedStrategy.FSDP
+    return config.distributed.nproc if fsdp else 1
+
+
+def _in_backward_per_device(with_grads: dict[str, int], without: dict[str, int],
+                            shard: Callable[[int], int], sizing: _Sizing
+                            ) -> tuple[dict[str, int], dict[str, int]]:
+    """The traced forward/backward peaks on one FSDP2 device: grads sharded, plus the
+    all-gather working set (one block running, one prefetched) and that block's unsharded
+    gradients before their reduce-scatter."""
+    gathered = 2 * sizing.block_bytes + sizing.block_trainable_bytes
+    return ({**with_grads, "grads": shard(with_grads["grads"]),
+             "temporaries": with_grads["temporaries"] + gathered},
+            {**without, "temporaries": without["temporaries"] + gathered})
+
+
+def _block_bytes(model: nn.Module) -> tuple[int, int]:
+    """(weights, trainable) bytes of the largest item of any nn.ModuleList (the repeated
+    blocks FSDP2 gathers one at a time); (0, 0) when the model has none."""
+    def sizes(block: nn.Module) -> tuple[int, int]:
+        parameters = list(block.parameters())
+        return (sum(p.numel() * p.element_size() for p in parameters),
+                sum(p.numel() * p.element_size() for p in parameters if p.requires_grad))
+
+    blocks = [item for module in model.modules() if isinstance(module, nn.ModuleList)
+              for item in module]
+    return max((sizes(block) for block in blocks), default=(0, 0))
 
 
 def _sizing(config: Config, example_batch: ExampleBatch | None) -> _Sizing:
@@ -138,7 +185,7 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
     make_batch, loss_sum = _workload(config, built, example_batch)
     trace = trace_micro_batch(built.model, make_batch, loss_sum, AUTOCAST.get(config.precision),
                               config.memory.activation_offload)
-    return _Sizing(weights, params, trace)
+    return _Sizing(weights, params, trace, *_block_bytes(built.model))
 
 
 def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
@@ -156,7 +203,9 @@ def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
     trace = TraceResult(grow_split(one.trace.peak, two.trace.peak),
                         grow_split(one.trace.peak_without_grads, two.trace.peak_without_grads),
                         grow(one.trace.host_peak_bytes, two.trace.host_peak_bytes))
-    return _Sizing(grow(one.weight_bytes, two.weight_bytes), params, trace)
+    return _Sizing(grow(one.weight_bytes, two.weight_bytes), params, trace,
+                   max(one.block_bytes, two.block_bytes),
+                   max(one.block_trainable_bytes, two.block_trainable_bytes))
 
 
 def _batch_key(example_batch: ExampleBatch | None) -> tuple | None:

@@ -15,6 +15,7 @@ from typing import Any
 from memfit._utils.errors import ConfigError, MemfitError, OutOfMemoryPlanError
 from memfit._utils.sizes import format_bytes, parse_bytes
 from memfit.config.schema import Config, Task
+from memfit.config.validate import fsdp_incompatibility
 from memfit.plan import meta
 from memfit.plan.itemize import Estimate, ExampleBatch, estimate
 from memfit.plan.strategies import Overrides, strategies, with_overrides
@@ -51,18 +52,30 @@ class Plan:
 
 
 def plan(config: Config, budget: str | int, device: str = "cuda",
-         example_batch: ExampleBatch | None = None) -> Plan:
+         example_batch: ExampleBatch | None = None, devices: int = 1) -> Plan:
     """Plan ``config`` against ``budget`` ("24GiB", bytes) on ``device`` ("cuda" adds the
     CUDA context and allocator slack; "cpu" counts tensors only, as the CPU tracker does).
-    ``example_batch``: one micro-batch of inputs, needed for model.factory models."""
+    ``example_batch``: one micro-batch of inputs, needed for model.factory models.
+    ``devices`` > 1: bytes per device when FSDP2 shards training over that many (the
+    micro-batch is per device); strategies FSDP2 cannot train are skipped, with the reason."""
     budget_bytes = _budget(budget)
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"device={device!r} is not one of: cuda, cpu")
+    if devices < 1:
+        raise ConfigError(f"--devices must be at least 1, got {devices}")
+    if devices > 1:
+        config = with_overrides(config, {"distributed.strategy": "fsdp",
+                                         "distributed.nproc": devices})
     given = estimate(config, device, example_batch)
     rows, skipped = [], {}
     for name, overrides in strategies(_chunked_loss_ok(config)):
+        candidate = with_overrides(config, overrides)
+        why_not = fsdp_incompatibility(candidate) if devices > 1 else None
+        if why_not is not None:
+            skipped[name] = f"FSDP2 cannot train it: {why_not}"
+            continue
         try:
-            row = estimate(with_overrides(config, overrides), device, example_batch)
+            row = estimate(candidate, device, example_batch)
         except MemfitError as error:  # e.g. no blocks to checkpoint in this model
             skipped[name] = str(error)
             continue

@@ -66,7 +66,9 @@ def evaluate(run: Run) -> dict[str, float] | None:
     run.model.eval()
     totals: dict[str, float] = {}
     items = 0
-    with torch.inference_mode(), autocast(run.config.precision, run.device):
+    # FSDP2 reuses its all-gather buffers in training, which inference tensors cannot be.
+    no_grad = torch.no_grad() if distributed.is_distributed() else torch.inference_mode()
+    with no_grad, autocast(run.config.precision, run.device):
         for batch in eval_batches(run.splits.eval, run.eval_batch_size, run.collate):
             batch = _to_device(batch, run.device)
             for name, value in run.objective.eval_sums(run.model, batch).items():

@@ -1,0 +1,31 @@
+"""A rank that raises ends the whole job: non-zero exit, that rank's error shown, and the
+other rank (blocked in a collective) stopped instead of waiting forever. The subprocess
+timeout is only a guard against a hang, not a speed target."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from dist_factories import FAILURE
+from dist_helpers import memfit
+
+pytestmark = pytest.mark.slow
+
+
+def test_a_failing_rank_stops_the_job_with_its_error(tmp_path: Path):
+    generator = np.random.default_rng(0)
+    np.savez(tmp_path / "rows.npz", inputs=generator.normal(size=(32, 8)).astype(np.float32),
+             targets=generator.normal(size=(32, 1)).astype(np.float32))
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        "model: {factory: 'dist_factories:fails_on_rank_one', task: custom}\n"
+        f"data: {{path: {tmp_path / 'rows.npz'}, format: tensors, eval_fraction: 0}}\n"
+        f"train: {{output_dir: {tmp_path / 'run'}, max_steps: 6, micro_batch_size: 2}}\n"
+        "distributed: {strategy: fsdp}\n"
+        "log: {progress: false, tensorboard: false}\n")
+    result = memfit("train", str(config), "--nproc", "2", cwd=tmp_path, timeout=240)
+    assert result.returncode != 0
+    assert FAILURE in result.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
