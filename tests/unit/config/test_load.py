@@ -47,7 +47,8 @@ def test_round_trip_through_plain_mapping():
     (config_with(memory={"budget": "lots"}), "memory.budget: 'lots' is not a size"),
     (config_with(memory={"auto": True}), "memory.auto=true needs memory.budget"),
     (config_with(data={"format": "tensors"}), "model.task=causal-lm needs data.format"),
-    (config_with(distributed={"strategy": "fsdp"}), "distributed.strategy=fsdp is not yet"),
+    (config_with(distributed={"strategy": "fsdp"}, optimizer={"name": "galore"}),
+     "distributed.strategy=fsdp cannot be combined with optimizer.name=galore"),
 ])
 def test_bad_values_name_the_key_and_the_choices(raw, expected):
     with pytest.raises(ConfigError) as caught:
