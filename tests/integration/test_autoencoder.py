@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from conftest import run_cli, write_config
+from cli_helpers import run_cli, write_config
 from safetensors.torch import load_file, save_file
 
 from memfit.cli import main

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, tiny_run_arguments, write_config
+from cli_helpers import run_cli, tiny_run_arguments, write_config
 
 
 def expect_clean_error(tmp_path: Path, arguments: list[str], *fragments: str) -> None:

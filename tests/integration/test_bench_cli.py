@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli_env, run_cli
+from cli_helpers import cli_env, run_cli
 from matplotlib.image import imread
 
 from memfit.cli import main

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import torch
-from conftest import run_cli, tiny_run_arguments
+from cli_helpers import run_cli, tiny_run_arguments
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from memfit.monitor.metrics import read_metrics

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, tiny_run_arguments
+from cli_helpers import run_cli, tiny_run_arguments
 from transformers import AutoModelForCausalLM
 
 import memfit

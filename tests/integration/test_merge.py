@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import torch
-from conftest import run_cli, tiny_run_arguments
+from cli_helpers import run_cli, tiny_run_arguments
 from factories import regressor, write_regression_data
 from peft import PeftModel
 from safetensors.torch import load_file

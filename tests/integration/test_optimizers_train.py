@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_run_arguments
+from cli_helpers import tiny_run_arguments
 from safetensors.torch import load_file
 
 import memfit

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_cli
+from cli_helpers import run_cli
 
 
 def test_plan_json_is_one_object(tmp_path):

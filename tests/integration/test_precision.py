@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_run_arguments
+from cli_helpers import tiny_run_arguments
 
 import memfit
 from memfit.config import load_config

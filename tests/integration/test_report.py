@@ -11,7 +11,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, tiny_run_arguments
+from cli_helpers import run_cli, tiny_run_arguments
 from matplotlib.image import imread
 
 from memfit._utils.errors import ConfigError
@@ -43,7 +43,7 @@ class _Page(HTMLParser):
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
-    from conftest import write_instructions
+    from cli_helpers import write_instructions
 
     folder = tmp_path_factory.mktemp("report")
     data = write_instructions(folder / "rows.jsonl")

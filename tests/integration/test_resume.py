@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import cli_env, run_cli, tiny_run_arguments, write_config
+from cli_helpers import cli_env, run_cli, tiny_run_arguments, write_config
 from factories import write_regression_data
 from safetensors.torch import load_file
 

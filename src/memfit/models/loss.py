@@ -21,3 +21,11 @@ def causal_lm_loss_sum(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
     return F.cross_entropy(shifted_logits.reshape(-1, shifted_logits.size(-1)),
                            shifted_labels.reshape(-1), ignore_index=IGNORE_INDEX,
                            reduction="sum")
+
+
+def reconstruction_loss_sum(reconstruction: torch.Tensor, target: torch.Tensor, kind: str
+                            ) -> torch.Tensor:
+    """Autoencoders: the per-image mean ``kind`` ("mse" or "l1") error, summed over the
+    batch; reconstruction and target are (B, C, H, W)."""
+    loss = F.mse_loss if kind == "mse" else F.l1_loss
+    return loss(reconstruction.float(), target.float(), reduction="sum") / target[0].numel()

@@ -39,7 +39,7 @@ from torch import nn
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision, Task
 from memfit.models.load import import_object
-from memfit.models.loss import causal_lm_loss_sum
+from memfit.models.loss import causal_lm_loss_sum, reconstruction_loss_sum
 from memfit.plan import costs, meta
 from memfit.plan.trace import TraceResult, trace_micro_batch
 
@@ -232,15 +232,23 @@ def _workload(config: Config, built: meta.MetaModel, example_batch: ExampleBatch
                 model, batch, chunk_tokens)
         return make_batch, causal_lm_loss_sum
     if example_batch is None:
-        raise ConfigError("planning a model.factory model needs one example micro-batch: "
-                          "pass example_batch={name: tensor} to memfit.plan")
+        raise ConfigError("planning a model.factory or image model needs one example "
+                          "micro-batch: pass example_batch={name: tensor} to memfit.plan")
     loss_function = import_object(config.model.loss, "model.loss") if config.model.loss else None
+    reconstruction = (config.model.reconstruction_loss.value
+                      if config.model.task is Task.AUTOENCODER else None)
+
+    pure = config.precision is Precision.BF16_PURE  # the loop casts float inputs to bf16
 
     def make_factory_batch() -> dict[str, Any]:
-        return {name: torch.empty(tensor.shape, dtype=tensor.dtype)
+        return {name: torch.empty(tensor.shape, dtype=torch.bfloat16
+                                  if pure and tensor.is_floating_point() else tensor.dtype)
                 for name, tensor in example_batch.items()}
 
     def loss_sum(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+        if reconstruction:  # as training.objective: reconstruct the images (or targets)
+            target = batch.get("targets", batch["images"])
+            return reconstruction_loss_sum(model(batch["images"]), target, reconstruction)
         outputs = model(**batch)
         if loss_function is not None:
             return loss_function(outputs, batch)

@@ -23,8 +23,8 @@ from torch import nn
 
 from memfit._utils.errors import ModelError
 from memfit.config.schema import AdapterKind, Config, Precision, Task
-from memfit.models.load import TORCH_DTYPES, import_object
-from memfit.models.presets import DEMO_BASE, PRESETS, preset_names
+from memfit.models.load import TORCH_DTYPES, build_image_preset, import_object
+from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
 from memfit.techniques import checkpointing, lora, quantize
 
 
@@ -40,6 +40,8 @@ def hf_config(config: Config):
     from transformers import AutoConfig
 
     model = config.model
+    if model.preset in IMAGE_PRESETS:
+        return None  # a plain nn.Module preset, built like a factory model
     if model.preset:
         if model.preset == DEMO_BASE:
             from memfit.demo import demo_assets_dir
@@ -68,7 +70,11 @@ def build(config: Config, layers: int | None = None) -> MetaModel:
     if config.precision is Precision.BF16_PURE:
         dtype = torch.bfloat16
     base_config = hf_config(config)
-    if base_config is None:
+    if base_config is None and config.model.preset in IMAGE_PRESETS:
+        with torch.device("meta"):
+            model = build_image_preset(config.model, config.data.images)
+        is_transformers, depth_used = False, None
+    elif base_config is None:
         model, is_transformers, depth_used = _from_factory(config), False, None
     else:
         base_config = _with_layers(base_config, layers)

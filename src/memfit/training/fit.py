@@ -10,6 +10,7 @@ import torch
 
 from memfit._utils.sizes import parse_bytes
 from memfit.config import Config, from_mapping, to_mapping
+from memfit.config.schema import Task
 from memfit.data import build_datasets, collate
 from memfit.models.architectures import ARCHITECTURES
 from memfit.plan.planner import recommend, refuse_if_too_large
@@ -36,9 +37,9 @@ def refuse_too_large_preset(config: Config) -> None:
 
 def example_batch(config: Config) -> dict[str, torch.Tensor] | None:
     """One training micro-batch from ``data.path``: what the planner traces a
-    ``model.factory`` model with (it cannot guess a plain module's inputs). None for the
-    other model sources, whose inputs the planner makes from the config."""
-    if not config.model.factory:
+    ``model.factory`` or image model with (it cannot guess a plain module's inputs). None
+    for language models, whose inputs the planner makes from the config."""
+    if not config.model.factory and config.model.task is not Task.AUTOENCODER:
         return None
     splits = build_datasets(config.data, None, seed=config.train.seed)
     size = min(config.train.micro_batch_size, len(splits.train))

@@ -35,7 +35,7 @@ from memfit._utils.atomic import write_text
 from memfit._utils.errors import OutOfMemoryPlanError
 from memfit.checkpoint import TrainerState, save_checkpoint
 from memfit.config import to_yaml
-from memfit.config.schema import AdapterKind
+from memfit.config.schema import AdapterKind, Precision
 from memfit.monitor.memory import MemoryMeter
 from memfit.monitor.metrics import MetricsLogger
 from memfit.optim import LayerwiseOptimizer
@@ -54,8 +54,14 @@ class LoopResult:
     eval_losses: dict[int, float] = field(default_factory=dict)
 
 
-def _to_device(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {key: value.to(device, non_blocking=True) for key, value in batch.items()}
+def _to_device(batch: dict[str, torch.Tensor], device: torch.device,
+               precision: Precision) -> dict[str, torch.Tensor]:
+    """Move a batch to the device; with bf16-pure weights (no autocast to reconcile dtypes)
+    floating inputs such as images become bf16 too."""
+    pure = precision is Precision.BF16_PURE
+    return {key: value.to(device, dtype=torch.bfloat16 if pure and value.is_floating_point()
+                          else value.dtype, non_blocking=True)
+            for key, value in batch.items()}
 
 
 def evaluate(run: Run) -> dict[str, float] | None:
@@ -70,7 +76,7 @@ def evaluate(run: Run) -> dict[str, float] | None:
     no_grad = torch.no_grad() if distributed.is_distributed() else torch.inference_mode()
     with no_grad, autocast(run.config.precision, run.device):
         for batch in eval_batches(run.splits.eval, run.eval_batch_size, run.collate):
-            batch = _to_device(batch, run.device)
+            batch = _to_device(batch, run.device, run.config.precision)
             for name, value in run.objective.eval_sums(run.model, batch).items():
                 totals[name] = totals.get(name, 0.0) + value.item()
             items += run.objective.count(batch)
@@ -91,7 +97,7 @@ def _forward_backward(run: Run, micro_batches: list[dict], items: int, layerwise
     for index, batch in enumerate(micro_batches):
         if layerwise:
             run.optimizer.begin_micro_batch(index)  # its hooks step on the last one
-        batch = _to_device(batch, run.device)
+        batch = _to_device(batch, run.device, run.config.precision)
         with autocast(run.config.precision, run.device), run.activation_offload.context(
             run.config.memory.activation_offload
         ):

@@ -9,11 +9,10 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from memfit.data import count_loss_tokens
-from memfit.models.loss import causal_lm_loss_sum
+from memfit.models.loss import causal_lm_loss_sum, reconstruction_loss_sum
 from memfit.techniques import chunked_loss
 from memfit.training.image_metrics import psnr, ssim
 
@@ -33,14 +32,6 @@ def module_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],
             "from forward(**batch), or name model.loss"
         )
     return loss * example_count(batch)
-
-
-def reconstruction_loss_sum(reconstruction: torch.Tensor, target: torch.Tensor, kind: str
-                            ) -> torch.Tensor:
-    """Autoencoders: the per-image mean ``kind`` ("mse" or "l1") error, summed over the
-    batch; reconstruction and target are (B, C, H, W)."""
-    loss = F.mse_loss if kind == "mse" else F.l1_loss
-    return loss(reconstruction.float(), target.float(), reduction="sum") / target[0].numel()
 
 
 def example_count(batch: dict[str, torch.Tensor]) -> int:
