@@ -22,7 +22,8 @@ and head updated by the inner rule. Peers: torch.optim.AdamW and torch.optim.Ada
 with torch's defaults, bitsandbytes AdamW8bit, and galore-torch 1.0 (``pip install
 -e .[bench]``) as its README and the GaLore paper's per-layer recipe use it (one optimizer
 per parameter stepped from a post-accumulate-grad hook). A peer that cannot run here is
-skipped with a note. Ratios are against torch AdamW measured in the same run.
+skipped with a note. Ratios are against torch AdamW measured in the same run; it runs
+first and again last, and a warning says when its time moved (other load on the machine).
 """
 
 from __future__ import annotations
@@ -124,6 +125,7 @@ PEERS = {
     PEER_GALORE_PER_LAYER: "galore-per-layer",
     "peer: galore-torch AdamW8bit, per-layer": "galore8bit-per-layer",
 }
+BASELINE_AGAIN = f"{PEER_ADAMW} (again, last)"
 PEER_CASES = [Case(name, "peer", (("peer", peer),)) for name, peer in PEERS.items()]
 DEFAULT_GALORE = "galore randomized_svd/adamw"  # memfit's default projector and inner
 
@@ -334,22 +336,28 @@ def main() -> None:
               f"{galore_rank(shape)}, update_gap {UPDATE_GAP}; {METERED_STEPS} metered + "
               f"{TIMED_STEPS} timed steps; {arguments.threads} thread(s); device "
               f"{arguments.device}; bytes are peak live tensor storages (MiB)\n")
-        for case in cases:
+        # The baseline runs first and again last: on a shared machine the load can change
+        # during the run, and only then do the two differ.
+        baseline = next(case for case in cases if case.name == PEER_ADAMW)
+        for name, case in [(case.name, case) for case in cases] + [(BASELINE_AGAIN, baseline)]:
             started = time.perf_counter()
             try:
-                results[case.name] = run_in_subprocess(__file__, [
+                results[name] = run_in_subprocess(__file__, [
                     "--case", case.name, "--model", str(folder), "--threads",
                     str(arguments.threads), "--device", arguments.device,
                     *(["--quick"] if arguments.quick else [])])
             except CaseFailed as failure:
                 if case.who == "memfit":
                     raise SystemExit(f"case {case.name!r} failed:\n{failure}") from None
-                skipped[case.name] = _failure_reason(failure)
-            print(f"  {case.name}: {time.perf_counter() - started:.0f}s", file=sys.stderr,
-                  flush=True)
+                skipped[name] = _failure_reason(failure)
+            print(f"  {name}: {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
     if PEER_ADAMW not in results:
         raise SystemExit(f"the baseline {PEER_ADAMW!r} failed: {skipped[PEER_ADAMW]}")
     print_results(results)
+    first, last = results[PEER_ADAMW]["step_seconds"], results[BASELINE_AGAIN]["step_seconds"]
+    if max(first, last) > 1.2 * min(first, last):
+        print(f"WARNING: the baseline's step time changed from {first:.3f} s to {last:.3f} s "
+              "during the run (other load on this machine): step-time ratios are unreliable")
     for name, reason in skipped.items():
         print(f"note: {name} skipped, it failed here: {reason}")
     print("note: galore-torch keeps P inside a Python object in its optimizer state; the "
