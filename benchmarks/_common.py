@@ -7,6 +7,7 @@ and imported backends cannot change the next case's bytes or time.
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -79,6 +80,15 @@ def build_memfit_model(folder: Path, overrides: dict[str, Any]):
 
 class CaseFailed(RuntimeError):
     """A case's process exited with an error or printed no result."""
+
+
+def add_case_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options every benchmark takes: --device, and the hidden ones its per-case child
+    process is started with (see run_in_subprocess)."""
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--case", help=argparse.SUPPRESS)
+    parser.add_argument("--model", help=argparse.SUPPRESS)
 
 
 def report(result: dict[str, Any]) -> None:

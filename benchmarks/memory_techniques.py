@@ -24,6 +24,7 @@ from _common import (
     LLAMA_69M,
     MIB,
     CaseFailed,
+    add_case_arguments,
     build_memfit_model,
     print_table,
     report,
@@ -191,10 +192,7 @@ def print_results(results: dict[str, dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--case", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    add_case_arguments(parser)
     arguments = parser.parse_args()
     if arguments.child:
         child(arguments)

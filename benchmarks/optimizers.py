@@ -44,6 +44,7 @@ from _common import (
     MIB,
     CaseFailed,
     LlamaShape,
+    add_case_arguments,
     build_memfit_model,
     print_table,
     report,
@@ -313,10 +314,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per case; 1 keeps times steady on a shared "
                              "machine (default %(default)s)")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-    parser.add_argument("--case", help=argparse.SUPPRESS)
-    parser.add_argument("--model", help=argparse.SUPPRESS)
+    add_case_arguments(parser)
     arguments = parser.parse_args()
     if arguments.child:
         child(arguments)

@@ -160,6 +160,12 @@ def _command_env(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_debug(command: argparse.ArgumentParser) -> None:
+    # SUPPRESS: a subcommand's default must not overwrite `memfit --debug COMMAND`.
+    command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                         help="show tracebacks for errors")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from memfit.config.reference import help_text
 
@@ -181,8 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nproc", type=int, metavar="N",
                        help="start N processes on this machine with torch.distributed.run "
                             "(sets distributed.nproc; needs distributed.strategy=fsdp)")
-    train.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show tracebacks for errors")
+    _add_debug(train)
     train.set_defaults(handler=_command_train)
 
     merge = commands.add_parser(
@@ -190,8 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("run_dir", metavar="RUN_DIR", help="run folder trained with adapters")
     merge.add_argument("--out", required=True, metavar="DIR",
                        help="where to write the merged model (replaced if it exists)")
-    merge.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show tracebacks for errors")
+    _add_debug(merge)
     merge.set_defaults(handler=_command_merge)
 
     plan = commands.add_parser(
@@ -206,8 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--devices", type=int, default=1, metavar="N",
                       help="bytes per device when FSDP2 shards training over N devices")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
-    plan.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                      help="show tracebacks for errors")
+    _add_debug(plan)
     plan.set_defaults(handler=_command_plan)
 
     bench = commands.add_parser(
@@ -226,8 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--cases", metavar="NAMES",
                        help="a group (all, memfit, peers, gpu-check) or comma-separated case "
                             "names; default all")
-    bench.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                       help="show tracebacks for errors")
+    _add_debug(bench)
     bench.set_defaults(handler=_command_bench)
 
     report = commands.add_parser(
@@ -237,8 +239,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "curves, the resolved config and the summary.")
     report.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of memfit train")
     report.add_argument("--out", metavar="FILE", help="default RUN_DIR/report.html")
-    report.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show tracebacks for errors")
+    _add_debug(report)
     report.set_defaults(handler=_command_report)
 
     env = commands.add_parser("env", help="versions, devices and which backends work here")
