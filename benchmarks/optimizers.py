@@ -285,7 +285,9 @@ def print_targets(results: dict[str, dict], skipped: dict[str, str]) -> None:
         print(f"step time: {PEER_ADAMW} was not run")
         return
     adamw = results[PEER_ADAMW]["step_seconds"]
-    for name in [f"galore {projector}/adamw" for projector in PROJECTORS] + [leanest]:
+    galore_cases = [f"galore {projector}/adamw" for projector in PROJECTORS]
+    # The leanest mode may itself be one of the GaLore cases: print each once.
+    for name in galore_cases + ([leanest] if leanest not in galore_cases else []):
         if name in results:
             mark = " (memfit's default GaLore)" if name == DEFAULT_GALORE else ""
             print(f"mean step time over a refresh period, {name}{mark} / {PEER_ADAMW}: "
