@@ -17,6 +17,22 @@ class StatePreservingOptimizer(Optimizer):
     and break "save -> load -> continue equals uninterrupted training".
     """
 
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> Any:
+        """Update every parameter that has a gradient (``_update_parameter``)."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group, position, param in self.groups_and_positions():
+            if param.grad is not None:
+                self._update_parameter(group, position, param)
+        return loss
+
+    def _update_parameter(self, group: dict[str, Any], position: int,
+                          param: torch.Tensor) -> None:
+        raise NotImplementedError
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         saved_ids = [i for group in state_dict["param_groups"] for i in group["params"]]

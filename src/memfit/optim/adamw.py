@@ -43,23 +43,15 @@ class AdamW(StatePreservingOptimizer):
         }
         super().__init__(params, defaults)
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group, position, param in self.groups_and_positions():
-            if param.grad is None:
-                continue
-            state = self.state[param]
-            step = state.get("inner_step", 0)
-            direction = adam_direction(state, param.grad.float(), group["betas"], group["eps"])
-            apply_update_(
-                param,
-                direction,
-                group["lr"],
-                1 - group["lr"] * group["weight_decay"],
-                mix_seed(group["seed"] + position, step),
-            )
-        return loss
+    def _update_parameter(self, group: dict[str, Any], position: int,
+                          param: torch.Tensor) -> None:
+        state = self.state[param]
+        step = state.get("inner_step", 0)
+        direction = adam_direction(state, param.grad.float(), group["betas"], group["eps"])
+        apply_update_(
+            param,
+            direction,
+            group["lr"],
+            1 - group["lr"] * group["weight_decay"],
+            mix_seed(group["seed"] + position, step),
+        )

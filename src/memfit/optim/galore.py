@@ -196,22 +196,14 @@ class GaLore(StatePreservingOptimizer):
 
     # ----- stepping ------------------------------------------------------------------
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> Any:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
-        for group, position, param in self.groups_and_positions():
-            if param.grad is None:
-                continue
-            if self._rank(param, group) is None:
-                self._full_update(param, group, position)
-            else:
-                g = _matrix(param.grad)
-                projected = self._project(param, group, position, g)
-                self._projected_update(param, group, position, projected, g)
-        return loss
+    def _update_parameter(self, group: dict[str, Any], position: int,
+                          param: torch.Tensor) -> None:
+        if self._rank(param, group) is None:
+            self._full_update(param, group, position)
+        else:
+            g = _matrix(param.grad)
+            projected = self._project(param, group, position, g)
+            self._projected_update(param, group, position, projected, g)
 
     @torch.no_grad()
     def project_gradient(self, param: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
