@@ -13,7 +13,7 @@ from memfit.bench.table import Row
 from memfit.monitor.memory import CATEGORIES
 
 # Shared with memory.png so a category has one colour in every memfit picture.
-from memfit.monitor.memory_plot import _COLORS, _save_png, _unit
+from memfit.monitor.memory_plot import CATEGORY_COLORS, byte_unit, save_png
 
 Series = Mapping[str, Mapping[int, float]]  # label -> step -> value
 
@@ -21,14 +21,14 @@ Series = Mapping[str, Mapping[int, float]]  # label -> step -> value
 def memory_bars(rows: Sequence[Row], path: Path) -> Path:
     """One horizontal bar per case, stacked by category at the case's peak."""
     rows = [row for row in rows if row.peak_bytes]
-    unit, size = _unit(max([row.peak_bytes for row in rows] + [1]))
+    unit, size = byte_unit(max([row.peak_bytes for row in rows] + [1]))
     figure = Figure(figsize=(9, 0.45 * len(rows) + 1.6))
     axes = figure.add_subplot()
     positions = list(range(len(rows)))
     left = [0.0] * len(rows)
     for category in CATEGORIES:
         widths = [row.by_category.get(category, 0) / size for row in rows]
-        axes.barh(positions, widths, left=left, color=_COLORS[category], label=category)
+        axes.barh(positions, widths, left=left, color=CATEGORY_COLORS[category], label=category)
         left = [a + b for a, b in zip(left, widths, strict=True)]
     for position, row in zip(positions, rows, strict=True):
         if row.plan_bytes:  # the planner's estimate as a tick on the bar
@@ -40,14 +40,14 @@ def memory_bars(rows: Sequence[Row], path: Path) -> Path:
     axes.set_title("Peak memory by category")
     axes.legend(loc="lower right", fontsize="small")
     figure.tight_layout()
-    return _save_png(figure, path)
+    return save_png(figure, path)
 
 
 def line_plot(series: Series, path: Path, title: str, ylabel: str, bytes_axis: bool = False,
               markers: bool = False) -> Path:
     """One line per label over optimizer steps; ``bytes_axis`` scales to binary units."""
     largest = max((v for values in series.values() for v in values.values()), default=1)
-    unit, size = _unit(largest) if bytes_axis else ("", 1)
+    unit, size = byte_unit(largest) if bytes_axis else ("", 1)
     figure = Figure(figsize=(9, 5))
     axes = figure.add_subplot()
     for label, values in series.items():
@@ -61,4 +61,4 @@ def line_plot(series: Series, path: Path, title: str, ylabel: str, bytes_axis: b
         axes.set_ylim(bottom=0)
     axes.legend(fontsize="x-small", ncol=2)
     figure.tight_layout()
-    return _save_png(figure, path)
+    return save_png(figure, path)

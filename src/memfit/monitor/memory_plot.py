@@ -25,7 +25,7 @@ from memfit.monitor.memory import (
 )
 
 # One colour per category, the same in every memfit plot.
-_COLORS = {
+CATEGORY_COLORS = {
     "weights": "#4c72b0",
     "grads": "#dd8452",
     "optimizer": "#55a868",
@@ -34,7 +34,7 @@ _COLORS = {
 }
 
 
-def _unit(largest: float) -> tuple[str, int]:
+def byte_unit(largest: float) -> tuple[str, int]:
     # Binary units, as everywhere in memfit; pick the one that keeps ticks readable.
     for name, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if largest >= size:
@@ -42,7 +42,7 @@ def _unit(largest: float) -> tuple[str, int]:
     return "B", 1
 
 
-def _save_png(figure: Figure, path: Path) -> Path:
+def save_png(figure: Figure, path: Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(figure)
@@ -72,7 +72,7 @@ def plot_memory(records: Sequence[Mapping[str, object]], path: Path | str) -> Pa
     peaks = [int(by_step[s][RECORD_PEAK_KEY]) for s in steps]
     budgets = [by_step[s].get(RECORD_BUDGET_KEY) for s in steps]
     largest = max(peaks + [int(b) for b in budgets if b is not None])
-    unit, size = _unit(largest)
+    unit, size = byte_unit(largest)
 
     figure = Figure(figsize=(8, 4.5))
     axes = figure.add_subplot()
@@ -81,10 +81,10 @@ def plot_memory(records: Sequence[Mapping[str, object]], path: Path | str) -> Pa
         # stackplot needs two x values to draw an area; show one step as stacked bars.
         bottom = 0.0
         for name, layer in zip(CATEGORIES, layers, strict=True):
-            axes.bar(steps, layer, bottom=bottom, color=_COLORS[name], label=name, width=0.6)
+            axes.bar(steps, layer, bottom=bottom, color=CATEGORY_COLORS[name], label=name, width=0.6)
             bottom += layer[0]
     else:
-        axes.stackplot(steps, layers, labels=CATEGORIES, colors=[_COLORS[c] for c in CATEGORIES])
+        axes.stackplot(steps, layers, labels=CATEGORIES, colors=[CATEGORY_COLORS[c] for c in CATEGORIES])
     axes.plot(steps, [p / size for p in peaks], color="black", linewidth=1.5, label="peak")
     if any(b is not None for b in budgets):
         axes.plot(
@@ -101,7 +101,7 @@ def plot_memory(records: Sequence[Mapping[str, object]], path: Path | str) -> Pa
     axes.set_title("Memory per step by category")
     axes.legend(loc="upper left", fontsize="small", ncol=2)
     figure.tight_layout()
-    return _save_png(figure, Path(path))
+    return save_png(figure, Path(path))
 
 
 def plot_peak_breakdown(
@@ -112,12 +112,12 @@ def plot_peak_breakdown(
     if unknown:
         raise ValueError(f"unknown memory categories {unknown}; valid: {', '.join(CATEGORIES)}")
     sizes = [int(by_category.get(c, 0)) for c in CATEGORIES]
-    unit, size = _unit(max(sizes + [1]))
+    unit, size = byte_unit(max(sizes + [1]))
 
     figure = Figure(figsize=(7, 3.5))
     axes = figure.add_subplot()
     positions = range(len(CATEGORIES))
-    axes.barh(positions, [s / size for s in sizes], color=[_COLORS[c] for c in CATEGORIES])
+    axes.barh(positions, [s / size for s in sizes], color=[CATEGORY_COLORS[c] for c in CATEGORIES])
     axes.set_yticks(list(positions), labels=list(CATEGORIES))
     axes.invert_yaxis()  # weights at the top, in the vocabulary's order
     for position, value in zip(positions, sizes, strict=True):
@@ -131,4 +131,4 @@ def plot_peak_breakdown(
     axes.set_title(f"{title} (total {sum(sizes) / size:.2f} {unit})")
     axes.margins(x=0.2)
     figure.tight_layout()
-    return _save_png(figure, Path(path))
+    return save_png(figure, Path(path))
