@@ -81,10 +81,12 @@ def plot_memory(records: Sequence[Mapping[str, object]], path: Path | str) -> Pa
         # stackplot needs two x values to draw an area; show one step as stacked bars.
         bottom = 0.0
         for name, layer in zip(CATEGORIES, layers, strict=True):
-            axes.bar(steps, layer, bottom=bottom, color=CATEGORY_COLORS[name], label=name, width=0.6)
+            axes.bar(steps, layer, bottom=bottom, color=CATEGORY_COLORS[name], label=name,
+                     width=0.6)
             bottom += layer[0]
     else:
-        axes.stackplot(steps, layers, labels=CATEGORIES, colors=[CATEGORY_COLORS[c] for c in CATEGORIES])
+        axes.stackplot(steps, layers, labels=CATEGORIES,
+                       colors=[CATEGORY_COLORS[c] for c in CATEGORIES])
     axes.plot(steps, [p / size for p in peaks], color="black", linewidth=1.5, label="peak")
     if any(b is not None for b in budgets):
         axes.plot(
