@@ -1,5 +1,6 @@
 """Every optimizer trains through the real loop; layer-wise updates keep gradient
-accumulation exact; GaLore + layer-wise resumes exactly."""
+accumulation exact; GaLore's projection in backward equals projecting full gradients;
+GaLore (layer-wise or not) resumes exactly."""
 
 from __future__ import annotations
 
@@ -59,10 +60,30 @@ def test_layerwise_with_accumulation_equals_the_ordinary_loop(tmp_path: Path,
         torch.testing.assert_close(weights[1][key], weights[0][key], rtol=1e-4, atol=1e-5)
 
 
-def test_layerwise_galore_resumes_exactly(tmp_path: Path, instructions: Path):
+def test_galore_projected_in_backward_equals_full_gradients(tmp_path: Path,
+                                                            instructions: Path):
+    # update_gap 2: steps alternate between a refresh (full gradient) and R = P^T G taken
+    # from backward, each accumulated over 2 micro-batches; clipping is off because it
+    # counts projected weights by ||R|| (see memfit/optim/backward_projection.py).
+    common = ["train.max_steps=4", "train.micro_batch_size=2",
+              "train.gradient_accumulation_steps=2", "train.max_grad_norm=null",
+              "optimizer.name=galore", "optimizer.galore.rank=8", "optimizer.galore.update_gap=2",
+              "optimizer.lr=1e-2", "optimizer.galore.projector=randomized_svd"]
+    full = train(instructions, tmp_path / "full", *common,
+                 "optimizer.galore.project_in_backward=false")
+    projected = train(instructions, tmp_path / "projected", *common)
+    assert projected.losses == pytest.approx(full.losses, rel=1e-5)
+    weights = [load_file(r.output_dir / "model" / "model.safetensors") for r in (full, projected)]
+    for key in weights[0]:
+        torch.testing.assert_close(weights[1][key], weights[0][key], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("layerwise", ["true", "false"])
+def test_galore_resumes_exactly(tmp_path: Path, instructions: Path, layerwise: str):
     settings = ["train.max_steps=6", "train.save_every=3", "train.gradient_accumulation_steps=2",
-                "optimizer.name=galore", "optimizer.layerwise=true", "optimizer.galore.rank=8",
-                "optimizer.galore.update_gap=2", "optimizer.galore.projector=randomized_svd"]
+                "optimizer.name=galore", f"optimizer.layerwise={layerwise}",
+                "optimizer.galore.rank=8", "optimizer.galore.update_gap=2",
+                "optimizer.galore.projector=randomized_svd"]
     run_dir = tmp_path / "run"
     uninterrupted = train(instructions, run_dir, *settings)
     final = load_file(run_dir / "model" / "model.safetensors")

@@ -289,6 +289,14 @@ class GaloreConfig:
         "linear/conv layer except the output head).",
         default=(),
     )
+    project_in_backward: bool = doc(
+        "Linear layers hand GaLore R = P^T G computed from their input and output gradient "
+        "in backward, on steps that keep P: the full weight gradient is never formed (fewer "
+        "multiply-adds, no full-size grad). Applies with projector svd or randomized_svd, "
+        "without memory.optimizer_offload or fp16; clipping then counts those weights by "
+        "||P^T G||.",
+        default=True,
+    )
     layerwise_refresh: LayerwiseRefresh = doc(
         "With optimizer.layerwise and accumulation, where a new projector comes from: "
         "micro_batch (the first micro-batch's gradient; buffers stay r x n) or "

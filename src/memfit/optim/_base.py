@@ -25,9 +25,12 @@ class StatePreservingOptimizer(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         for group, position, param in self.groups_and_positions():
-            if param.grad is not None:
+            if self._has_gradient(param):
                 self._update_parameter(group, position, param)
         return loss
+
+    def _has_gradient(self, param: torch.Tensor) -> bool:
+        return param.grad is not None
 
     def _update_parameter(self, group: dict[str, Any], position: int,
                           param: torch.Tensor) -> None:

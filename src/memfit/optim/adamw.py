@@ -4,6 +4,9 @@ torch.optim.AdamW on bf16 parameters rounds every update to nearest, so updates 
 a bf16 ulp of the weight are lost. Here the update is computed in fp32 from fp32 moments
 (the same inner rule GaLore uses) and rounded stochastically into the bf16 weight. On fp32
 parameters it matches torch.optim.AdamW.
+
+Large parameters are updated in row chunks (memfit.optim.inner.inner_directions_by_rows):
+only chunk-sized fp32 temporaries exist at a time, not full-size copies of each gradient.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from typing import Any
 import torch
 
 from memfit.optim._base import StatePreservingOptimizer
-from memfit.optim.inner import adam_direction
-from memfit.optim.stochastic_rounding import apply_update_, mix_seed
+from memfit.optim.inner import inner_directions_by_rows
+from memfit.optim.stochastic_rounding import apply_updates_by_rows_, mix_seed
 
 
 class AdamW(StatePreservingOptimizer):
@@ -47,10 +50,9 @@ class AdamW(StatePreservingOptimizer):
                           param: torch.Tensor) -> None:
         state = self.state[param]
         step = state.get("inner_step", 0)
-        direction = adam_direction(state, param.grad.float(), group["betas"], group["eps"])
-        apply_update_(
+        apply_updates_by_rows_(
             param,
-            direction,
+            inner_directions_by_rows(state, param.grad, "adamw", group["betas"], group["eps"]),
             group["lr"],
             1 - group["lr"] * group["weight_decay"],
             mix_seed(group["seed"] + position, step),

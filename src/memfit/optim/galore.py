@@ -32,11 +32,13 @@ smaller matrix side exceeds rank), True (project every >= 2-D param, rank clippe
 smaller side) or False (plain inner update on the full gradient; scale is not applied).
 1-D params are never projected. State is tensors and ints only.
 bf16 parameters: the update is computed in fp32 and written back with stochastic rounding.
+Updates of parameters over 2**20 values are computed and applied one row chunk at a time
+(memfit.optim.inner.row_chunks): no full-size fp32 update or weight copy is ever alive.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -45,10 +47,13 @@ from memfit._utils.errors import ConfigError
 from memfit.optim._base import StatePreservingOptimizer
 from memfit.optim.inner import (
     INNER_CHOICES,
+    Rows,
     adam_direction,
     inner_direction,
+    inner_directions_by_rows,
     reset_moments,
     rotate_moments,
+    row_chunks,
 )
 from memfit.optim.projectors import (
     PROJECTOR_CHOICES,
@@ -59,7 +64,7 @@ from memfit.optim.projectors import (
     randomized_svd_basis,
     svd_basis,
 )
-from memfit.optim.stochastic_rounding import apply_update_, make_generator, mix_seed
+from memfit.optim.stochastic_rounding import apply_updates_by_rows_, make_generator, mix_seed
 
 SUBSPACE_CHANGE_CHOICES: tuple[str, ...] = ("keep", "reset", "reproject")
 DEFAULT_SUBSPACE_CHANGE = "keep"
@@ -113,6 +118,20 @@ def _unmatrix(update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
     return (update.T if rows > columns else update).reshape(param.shape)
 
 
+def _projected_back_by_rows(
+    basis: torch.Tensor, direction: torch.Tensor, param: torch.Tensor
+) -> Iterator[tuple[Rows, torch.Tensor]]:
+    """_unmatrix(P @ direction, param) one row chunk of param at a time (row_chunks), so
+    the full-size fp32 update never exists. P is s x r, direction r x l. A wide param's
+    rows are the s rows of the update: chunk = P[rows] @ direction. A tall param's rows
+    are its l columns (_matrix transposed it): chunk = (P @ direction[:, rows])^T."""
+    tall = param.shape[0] > param.numel() // param.shape[0]
+    for rows in row_chunks(param.shape):
+        update = (basis @ direction[:, rows]).T if tall else basis[rows] @ direction
+        yield rows, update.reshape(param[rows].shape)
+        del update  # before the next chunk is computed
+
+
 class GaLore(StatePreservingOptimizer):
     """Gradient low-rank projection optimizer (see the module docstring for the algorithm).
 
@@ -156,6 +175,10 @@ class GaLore(StatePreservingOptimizer):
             "project": project,
         }
         super().__init__(params, defaults)
+        # R = P^T g of weights whose gradient was projected in backward (see
+        # memfit/optim/backward_projection.py), summed over micro-batches; like .grad, not
+        # part of the state and cleared by zero_grad.
+        self._projected_grads: dict[torch.Tensor, torch.Tensor] = {}
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
@@ -196,9 +219,15 @@ class GaLore(StatePreservingOptimizer):
 
     # ----- stepping ------------------------------------------------------------------
 
+    def _has_gradient(self, param: torch.Tensor) -> bool:
+        return param.grad is not None or param in self._projected_grads
+
     def _update_parameter(self, group: dict[str, Any], position: int,
                           param: torch.Tensor) -> None:
-        if self._rank(param, group) is None:
+        projected_in_backward = self._projected_grads.pop(param, None)
+        if projected_in_backward is not None:
+            self._projected_update(param, group, position, projected_in_backward, None)
+        elif self._rank(param, group) is None:
             self._full_update(param, group, position)
         else:
             g = _matrix(param.grad)
@@ -221,16 +250,45 @@ class GaLore(StatePreservingOptimizer):
         group, position = self.locate(param)
         self._projected_update(param, group, position, projected, None)
 
+    # ----- gradients projected in backward (memfit/optim/backward_projection.py) ------
+
+    def backward_projection_basis(self, param: torch.Tensor) -> torch.Tensor | None:
+        """P (s x r) if this step's gradient of `param` may arrive as R = P^T g, else None:
+        unprojected parameters, steps whose P is not computed yet (the SVD needs g), and the
+        online and random projectors (their update needs g on every step)."""
+        group, _ = self.locate(param)
+        if self._rank(param, group) is None or group["projector"] in ("online", "random"):
+            return None
+        state = self.state[param]
+        # P of this step exists once refreshed (layer-wise accumulation refreshes it from the
+        # first micro-batch's gradient, in backward).
+        current = state.get("projector_step") == state.get("step", 0)
+        return state["projector"] if current or not self._refresh_due(state, group) else None
+
+    def add_projected_gradient(self, param: torch.Tensor, projected: torch.Tensor) -> None:
+        """Add one micro-batch's R = P^T g of `param`; the next step() consumes the sum."""
+        buffered = self._projected_grads.get(param)
+        self._projected_grads[param] = projected if buffered is None else buffered.add_(projected)
+
+    def projected_gradients(self) -> list[torch.Tensor]:
+        """The R buffers waiting for step() (clipping scales them with the grads)."""
+        return list(self._projected_grads.values())
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        super().zero_grad(set_to_none)
+        self._projected_grads.clear()
+
     def _full_update(self, param: torch.Tensor, group: dict[str, Any], position: int) -> None:
         state = self.state[param]
         step = state.get("step", 0)
-        direction = inner_direction(
-            state, param.grad.float(), group["inner"], group["betas"], group["eps"]
+        # The 8000 x 768 embedding and head: row chunks, widened to fp32 one at a time.
+        directions = inner_directions_by_rows(
+            state, param.grad, group["inner"], group["betas"], group["eps"]
         )
         state["step"] = step + 1
-        apply_update_(
+        apply_updates_by_rows_(
             param,
-            direction,
+            directions,
             group["lr"],
             1 - group["lr"] * group["weight_decay"],
             mix_seed(group["seed"] + position, step, _STREAM_ROUNDING),
@@ -317,13 +375,16 @@ class GaLore(StatePreservingOptimizer):
         if group["projector"] == "random":
             if g is None:
                 raise RuntimeError("projector='random' updates need the full gradient")
-            update = self._apollo_update(state, g, projected, direction, group["eps"])
+            update = _unmatrix(
+                self._apollo_update(state, g, projected, direction, group["eps"]), param
+            )
+            updates = ((rows, update[rows]) for rows in row_chunks(param.shape))
         else:
-            update = state["projector"] @ direction
+            updates = _projected_back_by_rows(state["projector"], direction, param)
         state["step"] = step + 1
-        apply_update_(
+        apply_updates_by_rows_(
             param,
-            _unmatrix(update, param),
+            updates,
             group["lr"] * group["scale"],
             1 - group["lr"] * group["weight_decay"],
             mix_seed(group["seed"] + position, step, _STREAM_ROUNDING),

@@ -33,12 +33,18 @@ new P:
                    P comes from the whole batch and training equals the ordinary loop; the
                    buffers are full-size on refresh steps (all parameters on the first step).
 
-Clipping (max_grad_norm): per tensor. Each parameter's accumulated gradient (for projected
-GaLore parameters, the accumulated R) is scaled by min(1, max_grad_norm / ||g||) just before
-its inner step — exactly clip_grad_norm_ applied to that tensor alone. A global norm is
-not known until backward ends, after most parameters were stepped. `grad_norm` reports
-the pre-clip global norm sqrt(sum ||g||^2) over the gradients the inner optimizers consumed
-(for accumulated projected GaLore parameters that is ||R||, a lower bound on ||G||).
+Linear layers routed with memfit.optim.backward_projection.project_in_backward(model, this
+optimizer, ...) hand over R = P^T g computed in their backward (no full gradient formed)
+whenever the inner GaLore already has this step's P; they go through the same buffer and
+step as R projected from a full gradient.
+
+Clipping (max_grad_norm): per tensor. Each parameter's accumulated gradient (for GaLore
+parameters whose gradient is accumulated or arrives projected, R) is scaled by
+min(1, max_grad_norm / ||g||) just before its inner step — exactly clip_grad_norm_ applied
+to that tensor alone. A global norm is not known until backward ends, after most
+parameters were stepped. `grad_norm` reports the pre-clip global norm sqrt(sum ||g||^2)
+over the gradients the inner optimizers consumed (||R|| where R was consumed: a lower
+bound on ||G||).
 
 fp16 with torch.amp.GradScaler is not supported: gradients are consumed before the scaler
 could unscale them or check them for inf. Reject that combination at config time.
@@ -112,6 +118,7 @@ class LayerwiseOptimizer(Optimizer):
                 outer_groups.append({**hyper, "params": group_params})
         super().__init__(outer_groups, defaults={})
         self._params = [p for group in self.param_groups for p in group["params"]]
+        self._index = {id(p): index for index, p in enumerate(self._params)}
         self._group_of = [group for group in self.param_groups for _ in group["params"]]
         for index, param in enumerate(self._params):
             if param.requires_grad:
@@ -161,17 +168,40 @@ class LayerwiseOptimizer(Optimizer):
 
         return hook
 
+    # ----- gradients projected in backward (memfit/optim/backward_projection.py) ------
+
+    def backward_projection_basis(self, param: torch.Tensor) -> torch.Tensor | None:
+        """The inner GaLore's P when `param`'s gradient may arrive projected, else None."""
+        inner = self._optimizers[self._index[id(param)]]
+        return inner.backward_projection_basis(param) if isinstance(inner, GaLore) else None
+
     @torch.no_grad()
-    def _on_gradient(self, index: int, param: torch.Tensor) -> None:
+    def add_projected_gradient(self, param: torch.Tensor, projected: torch.Tensor) -> None:
+        """One micro-batch's R = P^T g of `param`: accumulated, or stepped on the last."""
+        self._check_micro_batch()
+        self._consume(self._index[id(param)], param, projected, projected=True)
+
+    def _check_micro_batch(self) -> None:
         if self.gradient_accumulation_steps > 1 and self._micro_batch is None:
             raise RuntimeError(
                 "LayerwiseOptimizer: call begin_micro_batch(index) before each backward when "
                 "gradient_accumulation_steps > 1"
             )
+
+    @torch.no_grad()
+    def _on_gradient(self, index: int, param: torch.Tensor) -> None:
+        if param.grad is None:  # the hook runs even when backward projected the gradient
+            return
+        self._check_micro_batch()
         grad, param.grad = param.grad, None
         projected = self._uses_projected_buffer(index, param)
         if projected:
             grad = self._optimizers[index].project_gradient(param, grad)
+        self._consume(index, param, grad, projected)
+
+    def _consume(self, index: int, param: torch.Tensor, grad: torch.Tensor,
+                 projected: bool) -> None:
+        """Add `grad` (full, or R when `projected`) to the buffer, or clip and step."""
         buffer = self._buffers.pop(index, None)
         if buffer is not None:
             grad = buffer.add_(grad)

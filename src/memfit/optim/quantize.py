@@ -37,21 +37,37 @@ def _midpoints(code: torch.Tensor) -> torch.Tensor:
 
 def quantize_blockwise(x: torch.Tensor, signed: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise `x` (any shape, float) to (codes uint8 [blocks*256], absmax fp32 [blocks])."""
-    flat = x.detach().float().reshape(-1)
-    padding = (-flat.numel()) % BLOCK_SIZE
-    blocks = torch.nn.functional.pad(flat, (0, padding)).view(-1, BLOCK_SIZE)
-    absmax = blocks.abs().amax(dim=1)
+    numel = x.numel()
+    # A zero-padded fp32 copy, normalised in place: the only full-size fp32 temporary.
+    blocks = torch.zeros(-(-numel // BLOCK_SIZE) * BLOCK_SIZE, dtype=torch.float32,
+                         device=x.device)
+    blocks[:numel].copy_(x.detach().reshape(-1))
+    blocks = blocks.view(-1, BLOCK_SIZE)
+    absmax = torch.linalg.vector_norm(blocks, ord=float("inf"), dim=1)  # max |value|
     # An all-zero block has absmax 0; divide by 1 instead so it encodes as exact zeros.
-    normalised = blocks / torch.where(absmax > 0, absmax, torch.ones_like(absmax)).unsqueeze(1)
-    codes = torch.bucketize(normalised, _midpoints(_code(signed, x.device)))
+    blocks.div_(torch.where(absmax > 0, absmax, torch.ones_like(absmax)).unsqueeze(1))
+    codes = torch.bucketize(blocks, _midpoints(_code(signed, x.device)), out_int32=True)
     return codes.to(torch.uint8).view(-1), absmax
+
+
+def quantized_zeros(
+    numel: int, signed: bool, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_blockwise(torch.zeros(numel), signed) without the fp32 zeros."""
+    blocks = -(-numel // BLOCK_SIZE)
+    cpu_code = _code(signed, torch.device("cpu"))
+    zero_code = int(torch.bucketize(torch.zeros(1), _midpoints(cpu_code)))
+    codes = torch.full((blocks * BLOCK_SIZE,), zero_code, dtype=torch.uint8, device=device)
+    return codes, torch.zeros(blocks, dtype=torch.float32, device=device)
 
 
 def dequantize_blockwise(
     codes: torch.Tensor, absmax: torch.Tensor, shape: torch.Size, signed: bool
 ) -> torch.Tensor:
     """Inverse of quantize_blockwise: fp32 tensor of `shape`."""
-    values = _code(signed, codes.device)[codes.long()].view(-1, BLOCK_SIZE) * absmax.unsqueeze(1)
+    # int32 indices: a long copy of the codes would be 8 bytes per value.
+    values = _code(signed, codes.device).index_select(0, codes.int()).view(-1, BLOCK_SIZE)
+    values.mul_(absmax.unsqueeze(1))
     numel = 1
     for size in shape:
         numel *= size

@@ -4,11 +4,21 @@ bf16 keeps 8 mantissa bits, so an update smaller than half a unit in the last pl
 weight is lost by round-to-nearest: long runs of small updates vanish. Stochastic rounding
 rounds up with probability equal to the discarded fraction, so the rounded weight is an
 unbiased estimate of the fp32 result and small updates survive on average.
+
+Updates of large parameters arrive in row chunks (memfit.optim.inner.row_chunks) and are
+written chunk by chunk (`apply_updates_by_rows_`), so the fp32 copy of a bf16 weight and
+its rounding noise exist for one chunk at a time, not for the whole 8000 x 768 embedding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from memfit.optim.inner import Rows
 
 _MASK64 = (1 << 64) - 1
 
@@ -47,12 +57,18 @@ def stochastic_round_to_bf16(
     """
     if x.dtype != torch.float32:
         raise TypeError(f"stochastic_round_to_bf16 expects float32, got {x.dtype}")
+    return _round_low_bits_(x.clone(), generator).to(torch.bfloat16)
+
+
+def _round_low_bits_(x: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """In place: fp32 `x` rounded stochastically to a value bf16 holds exactly (low 16 bits
+    zero), so a later cast to bf16 is exact. One int32 temporary: the noise."""
     bits = x.view(torch.int32)
-    noise = torch.randint(
-        0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator
+    bits.add_(
+        torch.randint(0, 1 << 16, x.shape, dtype=torch.int32, device=x.device, generator=generator)
     )
-    rounded = (bits + noise) & -65536  # -65536 == 0xFFFF0000 as int32
-    return rounded.view(torch.float32).to(torch.bfloat16)
+    bits.bitwise_and_(-65536)  # -65536 == 0xFFFF0000 as int32
+    return x
 
 
 @torch.no_grad()
@@ -65,20 +81,63 @@ def apply_update_(
 ) -> None:
     """param <- param * decay_factor - step_size * update, computed in fp32.
 
-    `update` is fp32 with param's shape. fp32 params are updated in place in the same order
-    as torch.optim.AdamW (decay, then add). bf16 params are widened to fp32, updated, and
-    written back with stochastic rounding seeded by `seed`; other dtypes round to nearest.
+    `update` is fp32 with param's shape; `param` may be a view (a row chunk). fp32 params
+    are updated in place in the same order as torch.optim.AdamW (decay, then add). bf16
+    params are widened to fp32, updated, and written back with stochastic rounding seeded
+    by `seed`; other dtypes round to nearest.
     """
+    master = _updated(param, update, step_size, decay_factor)
+    if master is not None:
+        _write_back_(param, master, seed)
+
+
+def _updated(
+    param: torch.Tensor, update: torch.Tensor, step_size: float, decay_factor: float
+) -> torch.Tensor | None:
+    """fp32 `param` updated in place (None); otherwise the updated fp32 values (new)."""
     if param.dtype == torch.float32:
         if decay_factor != 1.0:
             param.mul_(decay_factor)
         param.add_(update, alpha=-step_size)
-        return
+        return None
     master = param.float()
     if decay_factor != 1.0:
         master.mul_(decay_factor)
     master.add_(update, alpha=-step_size)
+    return master
+
+
+def _write_back_(param: torch.Tensor, master: torch.Tensor, seed: int) -> None:
     if param.dtype == torch.bfloat16:
-        param.copy_(stochastic_round_to_bf16(master, make_generator(seed, param.device)))
-    else:
-        param.copy_(master)
+        _round_low_bits_(master, make_generator(seed, param.device))
+    param.copy_(master)
+
+
+@torch.no_grad()
+def apply_updates_by_rows_(
+    param: torch.Tensor,
+    updates: Iterable[tuple[Rows, torch.Tensor]],
+    step_size: float,
+    decay_factor: float,
+    seed: int,
+) -> None:
+    """apply_update_ to param[rows] for each (rows, update) chunk, in order.
+
+    `updates` is typically a generator computing each chunk on demand (see
+    memfit.optim.inner.inner_directions_by_rows). Each chunk is dropped as soon as it has
+    been added to the fp32 weight, before the rounding noise exists and before the next
+    chunk is asked for: at most two chunk-sized temporaries at a time here. One piece
+    (rows `...`) rounds with `seed` itself; chunk i of several with mix_seed(seed, i):
+    deterministic and resumable, independent across chunks.
+    """
+    # No enumerate(): its cached result tuple would keep the previous chunk alive while the
+    # next one is computed.
+    index = 0
+    for rows, update in updates:
+        target = param[rows]
+        master = _updated(target, update, step_size, decay_factor)
+        del update
+        if master is not None:
+            _write_back_(target, master, seed if rows is ... else mix_seed(seed, index))
+        del master
+        index += 1

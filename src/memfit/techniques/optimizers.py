@@ -9,6 +9,9 @@ embeddings and the output head get the plain inner update, as in the GaLore pape
 be written back with stochastic rounding (memfit.optim.AdamW / GaLore do) or small updates
 vanish; config validation rejects optimizers that round to nearest for it.
 
+GaLore (svd, randomized_svd) takes the projected gradient R = P^T G of linear layers straight
+from their backward on steps that keep P (``optimizer.galore.project_in_backward``).
+
 ``optimizer.layerwise`` wraps one inner optimizer per parameter in
 memfit.optim.LayerwiseOptimizer: steps run inside backward and gradients are clipped per
 tensor (a global norm is not known until backward ends; see memfit/optim/layerwise.py).
@@ -23,7 +26,13 @@ from torch import nn
 from torch.optim import Optimizer
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import Config, OptimizerConfig, OptimizerName, Precision
+from memfit.config.schema import (
+    Config,
+    GaloreProjector,
+    OptimizerConfig,
+    OptimizerName,
+    Precision,
+)
 
 # Output heads are classifiers over the vocabulary, not attention/MLP matrices.
 HEAD_NAMES = ("lm_head", "score", "classifier")
@@ -106,17 +115,36 @@ def _factory(config: OptimizerConfig, precision: Precision) -> Callable[[list[di
     raise ConfigError(f"optimizer.name={name} has no builder")
 
 
+def projects_in_backward(config: Config) -> bool:
+    """Whether GaLore takes R = P^T G from linear layers' backward (see
+    memfit/optim/backward_projection.py): not where a step needs every full gradient
+    (online/random projectors), where P lives on the host between steps (optimizer
+    offload) or where GradScaler must unscale the gradients (fp16)."""
+    optimizer = config.optimizer
+    return (optimizer.name is OptimizerName.GALORE and optimizer.galore.project_in_backward
+            and optimizer.galore.projector in (GaloreProjector.SVD,
+                                               GaloreProjector.RANDOMIZED_SVD)
+            and not config.memory.optimizer_offload and config.precision is not Precision.FP16)
+
+
 def build_optimizer(model: nn.Module, config: Config) -> Optimizer:
     groups = parameter_groups(model, config.optimizer)
     if not groups:
         raise ConfigError("the model has no trainable parameters (check adapter.*)")
     make = _factory(config.optimizer, config.precision)
-    if not config.optimizer.layerwise:
-        return make(groups)
-    from memfit.optim import LayerwiseOptimizer
+    if config.optimizer.layerwise:
+        from memfit.optim import LayerwiseOptimizer
 
-    return LayerwiseOptimizer(
-        groups, make_optimizer=make,
-        gradient_accumulation_steps=config.train.gradient_accumulation_steps,
-        max_grad_norm=config.train.max_grad_norm,
-        projector_refresh=config.optimizer.galore.layerwise_refresh.value)
+        optimizer = LayerwiseOptimizer(
+            groups, make_optimizer=make,
+            gradient_accumulation_steps=config.train.gradient_accumulation_steps,
+            max_grad_norm=config.train.max_grad_norm,
+            projector_refresh=config.optimizer.galore.layerwise_refresh.value)
+    else:
+        optimizer = make(groups)
+    if projects_in_backward(config):
+        from memfit.optim.backward_projection import project_in_backward
+
+        projected = {id(p) for group in groups if group["project"] for p in group["params"]}
+        project_in_backward(model, optimizer, projected)
+    return optimizer

@@ -38,7 +38,8 @@ from memfit.config import to_yaml
 from memfit.config.schema import AdapterKind, Precision
 from memfit.monitor.memory import MemoryMeter
 from memfit.monitor.metrics import MetricsLogger
-from memfit.optim import LayerwiseOptimizer
+from memfit.optim import GaLore, LayerwiseOptimizer
+from memfit.optim.backward_projection import clip_grad_norm_
 from memfit.techniques import lora
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer
 from memfit.training.batches import BatchStream, eval_batches
@@ -117,8 +118,9 @@ def _update(run: Run, layerwise: bool) -> float:
     max_norm = run.config.train.max_grad_norm
     if run.scaler:
         run.scaler.unscale_(run.optimizer)
-    grad_norm = torch.nn.utils.clip_grad_norm_(
-        run.trainable_parameters, max_norm if max_norm is not None else math.inf)
+    # GaLore may hold gradients projected in backward (R = P^T G) instead of .grad.
+    projected = run.optimizer.projected_gradients() if isinstance(run.optimizer, GaLore) else []
+    grad_norm = clip_grad_norm_(run.trainable_parameters, max_norm, projected)
     if run.scaler:
         run.scaler.step(run.optimizer)
         run.scaler.update()
