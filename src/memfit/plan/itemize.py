@@ -91,7 +91,7 @@ _SIZING_CACHE: dict[tuple, _Sizing] = {}
 def estimate(config: Config, device: str = "cuda",
              example_batch: ExampleBatch | None = None) -> Estimate:
     """Itemized bytes of training with ``config`` (see the module docstring)."""
-    sizing = _sizing(config, example_batch)
+    sizing = _sizing(config, example_batch, device)
     params, trace = sizing.params, sizing.trace
     if not params:
         raise ConfigError("the model has no trainable parameters (check adapter.*)")
@@ -163,23 +163,25 @@ def _block_bytes(model: nn.Module) -> tuple[int, int]:
     return max((sizes(block) for block in blocks), default=(0, 0))
 
 
-def _sizing(config: Config, example_batch: ExampleBatch | None) -> _Sizing:
+def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> _Sizing:
     key = (config.model, config.adapter, config.precision, config.memory,
-           config.train.micro_batch_size, config.data.max_length, _batch_key(example_batch))
+           config.train.micro_batch_size, config.data.max_length, _batch_key(example_batch),
+           meta.quantized_path(config, device) if config.adapter.kind is AdapterKind.QLORA
+           else None)
     if key not in _SIZING_CACHE:
         transformers_config = meta.hf_config(config)
         full_depth = None if transformers_config is None else meta.depth(transformers_config)
         if full_depth is None or full_depth <= EXACT_DEPTH:
-            _SIZING_CACHE[key] = _measure(config, None, example_batch)
+            _SIZING_CACHE[key] = _measure(config, None, example_batch, device)
         else:
-            one, two = (_measure(config, layers, example_batch) for layers in (1, 2))
+            one, two = (_measure(config, layers, example_batch, device) for layers in (1, 2))
             _SIZING_CACHE[key] = _extrapolate(one, two, full_depth - 1)
     return _SIZING_CACHE[key]
 
 
-def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | None
-             ) -> _Sizing:
-    built = meta.build(config, layers)
+def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | None,
+             device: str) -> _Sizing:
+    built = meta.build(config, layers, device)
     weights = costs.weight_bytes(built.model)
     params = costs.trainable_params(built.model)
     make_batch, loss_sum = _workload(config, built, example_batch)

@@ -117,11 +117,12 @@ def quantized_weight_bytes(out_features: int, in_features: int, config: AdapterC
     if config.quantization is BaseQuantization.INT8:
         return numel + 4 * out_features  # int8 codes + one fp32 scale per row
     blocks = -(-numel // NF4_BLOCK)
+    codes = -(-numel // 2) + 4 * 16  # two codes a byte + the layer's 16-value fp32 NF4 table
     if not config.double_quant:
-        return -(-numel // 2) + 4 * blocks  # two codes a byte + fp32 absmax per block
+        return codes + 4 * blocks  # fp32 absmax per block
     groups = -(-blocks // DOUBLE_QUANT_BLOCK)
     # uint8 absmax codes + fp32 scale per group + their 256-entry fp32 code table + offset
-    return -(-numel // 2) + blocks + 4 * groups + 4 * 256 + 4
+    return codes + blocks + 4 * groups + 4 * 256 + 4
 
 
 def store_frozen_in(model: nn.Module, dtype: torch.dtype) -> int:

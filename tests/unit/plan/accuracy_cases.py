@@ -93,6 +93,25 @@ def tiny_gpt2_folder(folder: Path) -> Path:
     return path
 
 
+def wide_llama_folder(folder: Path) -> Path:
+    """A Llama (hidden 256, MLP 1024, 2 layers) saved as an fp32 Hugging Face folder: QLoRA
+    quantizes it while loading, so bitsandbytes dequantizes to fp32 in backward, and at 2 x
+    64 tokens its MLP weights (1024 x 256) weigh as much as the activations around them."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from memfit.models.tokenizers import BYTE_VOCAB_SIZE, byte_level_tokenizer
+
+    path = folder / "llama-wide"
+    if not path.exists():
+        torch.manual_seed(0)
+        LlamaForCausalLM(LlamaConfig(vocab_size=BYTE_VOCAB_SIZE, hidden_size=256,
+                                     intermediate_size=1024, num_hidden_layers=2,
+                                     num_attention_heads=4, num_key_value_heads=2,
+                                     max_position_embeddings=128)).save_pretrained(path)
+        byte_level_tokenizer().save_pretrained(path)
+    return path
+
+
 def architectures(data: dict[str, Path], folder: Path) -> dict[str, tuple[dict, dict | None]]:
     """name -> (config mapping, example micro-batch for the planner or None)."""
     text = {"data": {"path": str(data["text"]), "format": "text", "max_length": SEQUENCE,
@@ -101,6 +120,7 @@ def architectures(data: dict[str, Path], folder: Path) -> dict[str, tuple[dict, 
     return {
         "llama": ({"model": {"preset": "tiny-llama"}, **text}, None),
         "gpt2": ({"model": {"path": str(tiny_gpt2_folder(folder))}, **text}, None),
+        "llama-wide": ({"model": {"path": str(wide_llama_folder(folder))}, **text}, None),
         "bert-encoder": (
             {"model": {"factory": "accuracy_cases:encoder_classifier", "task": "custom"},
              "data": {"path": str(data["tokens"]), **tensors}},
@@ -124,13 +144,24 @@ STRATEGIES: dict[str, dict] = {
     "lora": {"adapter": {"kind": "lora", "rank": 4}},
     "lora-checkpointing": {"adapter": {"kind": "lora", "rank": 4},
                            "memory": {"gradient_checkpointing": True}},
+    # A bitsandbytes base computes in bf16 and returns its output in its input's dtype.
+    "qlora": {"adapter": {"kind": "qlora", "rank": 4}, "precision": "bf16"},
+    "qlora-int8": {"adapter": {"kind": "qlora", "rank": 4, "quantization": "int8"},
+                   "precision": "bf16"},
+    "qlora-checkpointing": {"adapter": {"kind": "qlora", "rank": 4}, "precision": "bf16",
+                            "memory": {"gradient_checkpointing": True}},
 }
 
 
 # What each architecture cannot run: memfit's LoRA targets nn.Linear / nn.Conv (GPT-2 uses
-# transformers' Conv1D); the autoencoder has no repeated blocks to checkpoint.
-SKIP = {("gpt2", "lora"), ("gpt2", "lora-checkpointing"),
-        ("conv-autoencoder", "lora-checkpointing")}
+# transformers' Conv1D); the autoencoder has no repeated blocks to checkpoint, and no
+# nn.Linear for bitsandbytes to quantize.
+SKIP = {("gpt2", "lora"), ("gpt2", "lora-checkpointing"), ("gpt2", "qlora"),
+        ("gpt2", "qlora-int8"), ("gpt2", "qlora-checkpointing"),
+        ("conv-autoencoder", "lora-checkpointing"), ("conv-autoencoder", "qlora"),
+        ("conv-autoencoder", "qlora-int8"), ("conv-autoencoder", "qlora-checkpointing")}
+# Architectures that are only there for their quantized base.
+QUANTIZED_ONLY = {"llama-wide"}
 ADAPTER_TARGETS = {"conv-autoencoder": ["conv"]}
 
 
@@ -138,7 +169,7 @@ def cases(data: dict[str, Path], folder: Path):
     """(architecture, strategy, Config, example batch) for every valid pair."""
     for arch, (base, example) in architectures(data, folder).items():
         for name, overrides in STRATEGIES.items():
-            if (arch, name) in SKIP:
+            if (arch, name) in SKIP or (arch in QUANTIZED_ONLY and not name.startswith("qlora")):
                 continue
             if "adapter" in overrides and arch in ADAPTER_TARGETS:
                 overrides = {**overrides, "adapter": {**overrides["adapter"],

@@ -97,3 +97,13 @@ def test_ladder_steps_down_in_the_documented_order():
         {"memory.activation_offload": True},
         {"memory.optimizer_offload": True},
     ]
+
+
+def test_int8_base_is_planned_on_the_path_bitsandbytes_takes_on_the_device():
+    config = preset("tiny-llama", "adapter.kind=qlora", "adapter.quantization=int8",
+                    "precision=bf16")
+    cpu, cuda = estimate(config, device="cpu"), estimate(config, device="cuda")
+    # MatMul8bitLt (CUDA) returns fp32 for the fp32 residual stream, so the ops after each
+    # projection save fp32; MatMul8bitFp (CPU) goes through F.linear under autocast: bf16.
+    assert cuda.bytes["activations"] > cpu.bytes["activations"]
+    assert cuda.bytes["weights"] == cpu.bytes["weights"]

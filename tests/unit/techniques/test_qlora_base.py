@@ -23,7 +23,7 @@ def storage_bytes(tensors) -> int:
 
 def quant_state_tensors(layer):
     state = layer.weight.quant_state
-    found = [state.absmax]
+    found = [state.absmax, state.code]
     if state.nested:
         found += [state.state2.absmax, state.state2.code, state.offset]
     return found
