@@ -5,13 +5,15 @@ model), following what each optimizer really allocates:
 - ``adamw`` (torch, foreach): exp_avg + exp_avg_sq in the parameter's dtype and a 4-byte
   ``step``; the step allocates sqrt(exp_avg_sq) for a whole parameter group at once.
 - ``adamw`` with ``precision=bf16-pure``: memfit's AdamW, fp32 moments (8 bytes / param),
-  scratch of a few fp32 copies of one parameter at a time.
+  scratch of a few fp32 row chunks of one parameter at a time (memfit.optim.inner:
+  parameters over CHUNK_ELEMENTS values are updated a chunk of rows at a time).
 - ``adamw8bit`` (bitsandbytes): two uint8 moments + one fp32 absmax per 256 values;
   tensors under 4096 values keep fp32 moments (REFERENCE.md).
 - ``adafactor`` (torch): factored second moment (row and column means) for >= 2-D
   tensors, a full one for vectors; no first moment.
 - ``galore`` (memfit): for each projected matrix viewed s x l (s <= l), P (s x r, fp32)
-  and the inner rule's moments on R (r x l); the rest get the inner rule unprojected.
+  and the inner rule's moments on R (r x l); the rest get the inner rule unprojected, in
+  row chunks like memfit's AdamW.
   2-D weights are projected when their smaller side exceeds the rank, except embeddings
   and the output layer (REFERENCE.md: only attention and MLP matrices).
 - ``sgd``: nothing.
@@ -24,6 +26,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from memfit.config.schema import Config, GaloreInner, OptimizerName, Precision
+from memfit.optim.inner import CHUNK_ELEMENTS
 
 # bitsandbytes 8-bit optimizers keep fp32 state for tensors smaller than this.
 BNB_MIN_8BIT_SIZE = 4096
@@ -101,17 +104,31 @@ def _inner_state(numel: int, shape: tuple[int, ...], inner: GaloreInner) -> int:
     return 8 * numel
 
 
+# fp32 row chunks alive at once in memfit's chunked updates (measured by
+# tests/unit/optim/test_optim_chunked_updates.py: at most 2 for adamw, 2.25 for adafactor,
+# 4.5 for 8-bit moments, which decode both moments and encode them again).
+_CHUNKS_ALIVE = {GaloreInner.ADAMW: 2, GaloreInner.ADAFACTOR: 3, GaloreInner.ADAMW8BIT: 5}
+
+
+def _chunk_bytes(numel: int) -> int:
+    """Bytes of one fp32 row chunk of a parameter with `numel` values."""
+    return 4 * min(numel, CHUNK_ELEMENTS)
+
+
 def _galore_param(param: Param, config: Config) -> tuple[int, int, int]:
     """(state, scratch, accumulation buffer) bytes of one parameter under GaLore."""
     galore = config.optimizer.galore
     small, large = _matrix_sides(param) if param.projectable else (0, 0)
+    chunks = _CHUNKS_ALIVE[galore.inner] * _chunk_bytes(param.numel)
     if small > galore.rank:
         rank = galore.rank
         state = 4 * small * rank + _inner_state(rank * large, (rank, large), galore.inner)
-        # fp32 view of G, R and the inner direction, the projected-back update.
-        return state, 4 * (2 * small * large + 3 * rank * large), 4 * rank * large
+        # An fp32 copy of a bf16 G (s x l; fp32 G is only viewed), R and the inner rule's
+        # work on it (3 x r x l), and the projected-back update, a row chunk at a time.
+        widened = 4 * small * large if param.element_size < 4 else 0
+        return state, widened + 4 * 3 * rank * large + chunks, 4 * rank * large
     state = _inner_state(param.numel, param.shape, galore.inner)
-    return state, 4 * 4 * param.numel, param.nbytes
+    return state, chunks, param.nbytes
 
 
 def optimizer_cost(params: list[Param], config: Config) -> OptimizerCost:
@@ -124,7 +141,8 @@ def optimizer_cost(params: list[Param], config: Config) -> OptimizerCost:
         if name is OptimizerName.GALORE:
             state, work, buffer = _galore_param(param, config)
         elif name is OptimizerName.ADAMW and config.precision is Precision.BF16_PURE:
-            state, work = 8 * numel, 5 * 4 * numel  # fp32 grad, moments math, rounding
+            # fp32 grad, moment math and rounding, a row chunk at a time.
+            state, work = 8 * numel, _CHUNKS_ALIVE[GaloreInner.ADAMW] * _chunk_bytes(numel)
         elif name is OptimizerName.ADAMW:
             state, work = 2 * nbytes + 4, nbytes  # sqrt(exp_avg_sq), per group
         elif name in (OptimizerName.ADAMW8BIT, OptimizerName.PAGED_ADAMW8BIT):
