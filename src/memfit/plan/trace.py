@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import weakref
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -57,23 +58,58 @@ class _Storage(weakref.ref):
 
 
 class LiveBytes(TorchDispatchMode):
-    """Counts live (fake) storages by category; see the module docstring."""
+    """Counts live (fake) storages by category; see the module docstring.
+
+    A storage's role can become known only after it was counted: the gradient of a weight
+    is computed as a temporary and becomes a grad when it is accumulated; a tensor becomes
+    an activation when it is saved for backward. So the bytes of every moment (one per new
+    storage) are kept, a promotion re-labels the storage at every moment it was alive, and
+    both peaks are picked at the end, from the corrected timeline. Picking the "without
+    grads" peak as the trace runs would be wrong: the moment a weight's gradient is born
+    has the most non-grad bytes so far, and once that gradient turns out to be a grad that
+    moment is no longer the peak, while the real one (end of forward: activations alive)
+    was already passed over.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self._records: dict[int, _Storage] = {}
         self._bytes = [0] * len(CATEGORIES)
-        self._seq = 0
-        self._peaks = {"all": ([0] * len(CATEGORIES), 0), "nograd": ([0] * len(CATEGORIES), 0)}
+        self._timeline = array("q")  # len(CATEGORIES) values per moment
+        self._promotions: list[tuple[int, int, int, int, int]] = []  # first, last, from, to, bytes
         self.host_bytes = 0
         self.host_peak_bytes = 0
         self.pack_hook = self._pack
 
     # ---- results ----------------------------------------------------------------------
     def result(self) -> TraceResult:
-        split = {name: dict(zip(CATEGORIES, values, strict=True))
-                 for name, (values, _) in self._peaks.items()}
-        return TraceResult(split["all"], split["nograd"], self.host_peak_bytes)
+        width = len(CATEGORIES)
+        moments = len(self._timeline) // width
+        if not moments:
+            empty = dict.fromkeys(CATEGORIES, 0)
+            return TraceResult(empty, dict(empty), self.host_peak_bytes)
+        # Promotions as a difference array over moments, then a running sum.
+        changes: dict[int, list[int]] = {}
+        for first, last, old, new, nbytes in self._promotions:
+            for moment, sign in ((first, 1), (last + 1, -1)):
+                delta = changes.setdefault(moment, [0] * width)
+                delta[old] -= sign * nbytes
+                delta[new] += sign * nbytes
+        correction = [0] * width
+        best_all = best_nograd = None
+        for moment in range(moments):
+            delta = changes.get(moment)
+            if delta is not None:
+                correction = [c + d for c, d in zip(correction, delta, strict=True)]
+            values = [v + c for v, c in zip(self._timeline[moment * width:(moment + 1) * width],
+                                            correction, strict=True)]
+            total = sum(values)
+            if best_all is None or total > sum(best_all):
+                best_all = values
+            if best_nograd is None or total - values[GRADS] > sum(best_nograd) - best_nograd[GRADS]:
+                best_nograd = values
+        return TraceResult(dict(zip(CATEGORIES, best_all, strict=True)),
+                           dict(zip(CATEGORIES, best_nograd, strict=True)), self.host_peak_bytes)
 
     # ---- registration -----------------------------------------------------------------
     def add(self, tensor: torch.Tensor, category: int) -> None:
@@ -85,33 +121,28 @@ class LiveBytes(TorchDispatchMode):
                 return
             record = _Storage(storage, self._free)
             record.key, record.nbytes, record.category = id(storage), storage.nbytes(), category
-            self._seq += 1
-            record.born = self._seq
             self._records[id(storage)] = record
             self._bytes[category] += record.nbytes
-            self._update_peaks()
+            record.born = self._moment()
         elif category < record.category:
+            # In the role now known at every moment it was alive (it still is).
+            now = len(self._timeline) // len(CATEGORIES) - 1
+            self._promotions.append((record.born, now, record.category, category,
+                                     record.nbytes))
             self._bytes[record.category] -= record.nbytes
             self._bytes[category] += record.nbytes
-            for values, seq in self._peaks.values():
-                if record.born <= seq:  # alive at that peak, in the role now known
-                    values[record.category] -= record.nbytes
-                    values[category] += record.nbytes
             record.category = category
+            self._moment()  # the split changed (e.g. out of grads): a moment of its own
 
     def _free(self, record: _Storage) -> None:
         if self._records.get(record.key) is record:
             del self._records[record.key]
             self._bytes[record.category] -= record.nbytes
 
-    def _update_peaks(self) -> None:
-        total = sum(self._bytes)
-        values, _ = self._peaks["all"]
-        if total > sum(values):
-            self._peaks["all"] = (self._bytes.copy(), self._seq)
-        values, _ = self._peaks["nograd"]
-        if total - self._bytes[GRADS] > sum(values) - values[GRADS]:
-            self._peaks["nograd"] = (self._bytes.copy(), self._seq)
+    def _moment(self) -> int:
+        """Record the bytes now (peaks happen when something is added); its index."""
+        self._timeline.extend(self._bytes)
+        return len(self._timeline) // len(CATEGORIES) - 1
 
     # ---- hooks ------------------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:

@@ -188,12 +188,14 @@ def config_for(base: dict, overrides: dict) -> Config:
 def measure_peak_bytes(config: Config, steps: int = 3) -> int:
     """Peak live tensor bytes of real training steps on CPU (the memory meter's view)."""
     from memfit.monitor.memory import CpuMemoryMeter
+    from memfit.optim import LayerwiseOptimizer
     from memfit.training.batches import BatchStream
     from memfit.training.build import build_run
     from memfit.training.precision import autocast
 
     run = build_run(config)
     run.model.train()  # as the loop does: from_pretrained returns a model in eval mode
+    layerwise = isinstance(run.optimizer, LayerwiseOptimizer)  # steps inside backward
     meter = CpuMemoryMeter()
     meter.attach(run.model, run.optimizer)
     train = config.train
@@ -202,13 +204,16 @@ def measure_peak_bytes(config: Config, steps: int = 3) -> int:
         batches = [stream.next_batch() for _ in range(train.gradient_accumulation_steps)]
         items = sum(run.objective.count(batch) for batch in batches)
         with meter.step():
-            for batch in batches:
+            for index, batch in enumerate(batches):
+                if layerwise:
+                    run.optimizer.begin_micro_batch(index)
                 with autocast(config.precision, run.device):
                     loss = run.objective.loss_sum(run.model, batch)
                 (loss / max(items, 1)).backward()
                 del loss
-            max_norm = train.max_grad_norm or math.inf
-            torch.nn.utils.clip_grad_norm_(run.trainable_parameters, max_norm)
+            if not layerwise:  # layer-wise clips per tensor, inside backward
+                max_norm = train.max_grad_norm or math.inf
+                torch.nn.utils.clip_grad_norm_(run.trainable_parameters, max_norm)
             run.optimizer.step()
             run.optimizer.zero_grad(set_to_none=True)
     return meter.peak.peak_bytes
