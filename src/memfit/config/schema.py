@@ -280,9 +280,9 @@ class GaloreConfig:
         default=GaloreInner.ADAMW,
     )
     subspace_change: SubspaceChange = doc(
-        "What the moments do when the projector changes: keep (measured best, "
-        "benchmarks/projector_refresh.py), reset, or reproject.",
-        default=SubspaceChange.KEEP,
+        "What the moments do when the projector changes: reproject (carry them into the new "
+        "basis; measured best, see docs/optimizers.md), keep, or reset.",
+        default=SubspaceChange.REPROJECT,
     )
     modules: tuple[str, ...] = doc(
         "Project only linear/conv layers whose name contains one of these (empty: every "

@@ -18,14 +18,16 @@ Projectors (Zhao et al. 2024; Liang et al. 2024; Zhu et al. 2025):
 
 subspace_change, what the moments do when P changes: "keep" them as they are (they then
 describe coordinates of the new subspace), "reset" them to zero (restarting bias
-correction), or "reproject" them: m <- C m, v <- C**2 v with C = P_new^T P_old. The default
-"keep" is what `python benchmarks/projector_refresh.py` measured best (tiny MLP regression,
-GaLore svd rank 4, update_gap 10, 300 steps, mean of the last 30 losses over 3 seeds):
-keep 0.0041, reset 0.0043, reproject 0.0070. Reproject loses because directions new to
-the subspace start with v ~ 0 while bias correction has long finished, so their first
-steps are several times too large; keep's moments have about the right scale. With the
-online projector P moves every step, so "reset" would discard the moments every step and
-is rejected.
+correction), or "reproject" them (default): m <- C m, v <- C**2 v with C = P_new^T P_old,
+plus, for the share of each new direction outside the old subspace, the old v's mean
+(memfit.optim.inner.rotate_moments). A refresh replaces about half of the subspace and the
+new singular vectors do not line up with the old ones column by column, so "keep" hands
+new directions the moments of unrelated old ones. Measured (mean over 3 seeds):
+`python benchmarks/projector_refresh.py` tiny MLP regression (svd rank 4, update_gap 10,
+mean of the last 30 losses) keep 0.0040, reset 0.0043, reproject 0.0036; demo fine-tuning
+(benchmarks/quality.py settings, randomized_svd, training loss of the last 20 steps, lr
+3e-4) keep 1.010, reset 1.007, reproject 0.989. With the online projector P moves every
+step, so "reset" would discard the moments every step and is rejected.
 
 Parameter groups may set "project": None (default: project params with >= 2 dims whose
 smaller matrix side exceeds rank), True (project every >= 2-D param, rank clipped to the
@@ -67,7 +69,7 @@ from memfit.optim.projectors import (
 from memfit.optim.stochastic_rounding import apply_updates_by_rows_, make_generator, mix_seed
 
 SUBSPACE_CHANGE_CHOICES: tuple[str, ...] = ("keep", "reset", "reproject")
-DEFAULT_SUBSPACE_CHANGE = "keep"
+DEFAULT_SUBSPACE_CHANGE = "reproject"
 
 # APOLLO's norm-growth limiter: ||update_t|| <= 1.01 ||update_{t-1}||.
 _NORM_GROWTH_LIMIT = 1.01

@@ -321,15 +321,26 @@ def rotate_moments(
     acting on dim 0 of the r x l moments (`moment_shape`). The first moment maps
     linearly; an elementwise second moment maps with C**2 (exact if the old coordinates
     are uncorrelated). For Adafactor only the row factor (length r) is in the subspace.
+
+    A share 1 - sum_j C_ij**2 of new direction i lies outside the old subspace, and C**2
+    gives that share no second moment: with bias correction long finished, such a
+    direction's first steps would be several times too large. It gets that share of the
+    old second moment's mean over directions instead (per column), so every direction
+    starts at about the right scale (benchmarks/projector_refresh.py measures the effect).
     """
     squared = rotation * rotation
+    unseen = (1 - squared.sum(dim=1)).clamp_(min=0)  # (r,) share outside the old subspace
     if inner == "adafactor":
         if "exp_avg_sq_row" in state:
-            state["exp_avg_sq_row"] = squared @ state["exp_avg_sq_row"]
+            row = state["exp_avg_sq_row"]
+            state["exp_avg_sq_row"] = squared @ row + unseen * row.mean()
         return
     eight_bit = inner == "adamw8bit"
     if "inner_step" not in state:
         return
     for name, signed, matrix in (("exp_avg", True, rotation), ("exp_avg_sq", False, squared)):
         value = _load(state, name, rotation, moment_shape, eight_bit, signed)
-        _store(state, name, matrix @ value, eight_bit, signed)
+        rotated = matrix @ value
+        if not signed:  # the second moment
+            rotated.add_(unseen[:, None] * value.mean(dim=0))
+        _store(state, name, rotated, eight_bit, signed)

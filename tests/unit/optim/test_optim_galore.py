@@ -167,6 +167,8 @@ def test_subspace_change_policies(change: str) -> None:
         old_basis = optimizer.state[weight].get("projector")
         old_moment = optimizer.state[weight].get("exp_avg")
         old_moment = None if old_moment is None else old_moment.clone()
+        old_second = optimizer.state[weight].get("exp_avg_sq")
+        old_second = None if old_second is None else old_second.clone()
         optimizer.step()
     state = optimizer.state[weight]
     if change == "reset":  # moments restarted at the third step's refresh
@@ -177,6 +179,15 @@ def test_subspace_change_policies(change: str) -> None:
         expected = 0.9 * rotation @ old_moment + 0.1 * state["projector"].T @ grads[2]
         assert state["inner_step"] == 3
         torch.testing.assert_close(state["exp_avg"], expected, rtol=1e-4, atol=1e-5)
+        # Second moment: C**2 v, plus the mean old v for the share of each new direction
+        # outside the old subspace (here the new subspace is mostly new: a random gradient).
+        squared = rotation**2
+        unseen = (1 - squared.sum(dim=1)).clamp(min=0)
+        assert unseen.max() > 0.1
+        carried = squared @ old_second + unseen[:, None] * old_second.mean(dim=0)
+        projected = state["projector"].T @ grads[2]
+        torch.testing.assert_close(state["exp_avg_sq"], 0.999 * carried + 0.001 * projected**2,
+                                   rtol=1e-4, atol=1e-6)
 
 
 def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batches: list) -> None:

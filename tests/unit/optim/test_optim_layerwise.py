@@ -109,7 +109,8 @@ def test_galore_micro_batch_refresh_accumulates_projected_gradient() -> None:
     oracle = layer.weight.detach().clone()
     optimizer = LayerwiseOptimizer(
         layer.parameters(),
-        make_optimizer=lambda groups: GaLore(groups, lr=lr, rank=rank, update_gap=update_gap),
+        make_optimizer=lambda groups: GaLore(groups, lr=lr, rank=rank, update_gap=update_gap,
+                                             subspace_change="keep"),  # as the oracle
         gradient_accumulation_steps=MICRO_BATCHES,
     )
     assert optimizer.accumulation_buffer_bytes() == 4 * rank * 8  # r x n fp32, not m x n
