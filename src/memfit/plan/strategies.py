@@ -8,7 +8,8 @@ preference (docs/planner.md explains it): quality first, then speed —
            (full-parameter training before adapters: GLUE avg full 86.28 > GaLore 85.89 >
            LoRA 85.61, GaLore paper; 8-bit Adam matches 32-bit; a 4-bit base is lossy)
   levels   plain, +ckpt (checkpointing, and chunked loss for LMs: ~30% slower),
-           +offload (also activations and optimizer state in host memory: slowest)
+           +offload (also activations and, but for layer-wise, optimizer state in host
+           memory: slowest)
 
 so every level of a method is tried before the next method.
 """
@@ -42,11 +43,13 @@ _OFF = {"memory.gradient_checkpointing": False, "memory.chunked_loss": False,
         "memory.activation_offload": False, "memory.optimizer_offload": False}
 
 
-def levels(full_parameter: bool, chunked_loss_ok: bool) -> list[tuple[str, Overrides]]:
+def levels(state_offload_ok: bool, chunked_loss_ok: bool) -> list[tuple[str, Overrides]]:
+    """plain, +ckpt, +offload; optimizer state goes to the host only where it can
+    (full-parameter training that steps after backward: layer-wise steps run inside it)."""
     checkpointing = {**_OFF, "memory.gradient_checkpointing": True,
                      "memory.chunked_loss": chunked_loss_ok}
     offload = {**checkpointing, "memory.activation_offload": True,
-               "memory.optimizer_offload": full_parameter}
+               "memory.optimizer_offload": state_offload_ok}
     return [("", dict(_OFF)), ("+ckpt", checkpointing), ("+offload", offload)]
 
 
@@ -54,8 +57,9 @@ def strategies(chunked_loss_ok: bool) -> list[tuple[str, Overrides]]:
     """Every (name, overrides) in order of preference."""
     ordered = []
     for method, overrides in METHODS:
-        full_parameter = overrides["adapter.kind"] == "none"
-        for suffix, memory in levels(full_parameter, chunked_loss_ok):
+        state_offload_ok = overrides["adapter.kind"] == "none" and not overrides[
+            "optimizer.layerwise"]
+        for suffix, memory in levels(state_offload_ok, chunked_loss_ok):
             ordered.append((method + suffix, {**overrides, **memory}))
     return ordered
 
@@ -110,6 +114,7 @@ def next_cheaper(config: Config) -> Overrides | None:
         return {"optimizer.galore.inner": "adamw8bit"}
     if not memory.activation_offload:
         return {"memory.activation_offload": True}
-    if not memory.optimizer_offload and config.adapter.kind is AdapterKind.NONE:
+    if (not memory.optimizer_offload and config.adapter.kind is AdapterKind.NONE
+            and not optimizer.layerwise):  # layer-wise steps run inside backward
         return {"memory.optimizer_offload": True}
     return None

@@ -8,10 +8,12 @@ import pytest
 
 from memfit._utils.errors import ConfigError, OutOfMemoryPlanError
 from memfit.config.schema import Config
+from memfit.config.validate import validate
 from memfit.monitor.tensor_tracker import TensorTracker
 from memfit.plan import estimate, next_cheaper, plan, recommend, with_overrides
 from memfit.plan.planner import load_plan_config
 from memfit.plan.report import format_plan
+from memfit.plan.strategies import strategies
 
 
 def preset(name: str, *overrides: str) -> Config:
@@ -107,3 +109,17 @@ def test_int8_base_is_planned_on_the_path_bitsandbytes_takes_on_the_device():
     # projection save fp32; MatMul8bitFp (CPU) goes through F.linear under autocast: bf16.
     assert cuda.bytes["activations"] > cpu.bytes["activations"]
     assert cuda.bytes["weights"] == cpu.bytes["weights"]
+
+
+def test_every_strategy_and_rung_is_a_configuration_training_accepts():
+    # Layer-wise steps run inside backward, so their optimizer state cannot be offloaded:
+    # neither a "+offload" strategy nor the OOM ladder may propose that combination.
+    base = preset("tiny-llama", "data.path=rows.jsonl")  # validate wants a data file named
+    for _, overrides in strategies(chunked_loss_ok=True):
+        validate(with_overrides(base, overrides))
+    config = preset("tiny-llama", "data.path=rows.jsonl", "optimizer.name=galore",
+                    "optimizer.layerwise=true", "precision=bf16-pure")
+    while (overrides := next_cheaper(config)) is not None:
+        config = with_overrides(config, overrides)
+        validate(config)
+    assert not config.memory.optimizer_offload and config.memory.activation_offload
