@@ -2,6 +2,7 @@
 
     python benchmarks/quality.py [--steps 80] [--seeds 3] [--quick] [--only TEXT ...]
                                  [--subspace-change keep|reset|reproject] [--update-gap N]
+                                 [--scale S]
 
 The demo's pretrained base (src/memfit/demo/assets/base: a 0.9M-parameter Llama
 pretrained on Aesop's Fables by scripts/pretrain_demo_base.py) is fine-tuned on the demo's
@@ -231,6 +232,9 @@ def main() -> None:
                              "(default %(default)s)")
     parser.add_argument("--update-gap", type=int, default=None, metavar="N",
                         help="GaLore methods: steps between projector refreshes (default 20)")
+    parser.add_argument("--scale", type=float, default=GALORE_SCALE,
+                        help="GaLore methods: scale of the projected update (default "
+                             "%(default)s)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads; 1 keeps a shared machine steady (default "
                              "%(default)s)")
@@ -242,12 +246,12 @@ def main() -> None:
     seeds = range(1 if arguments.quick else arguments.seeds)
     methods = [m for m in METHODS if m.name == ADAMW_NAME or not arguments.only
                or any(text in m.name for text in arguments.only)]
-    galore = {"subspace_change": arguments.subspace_change,
+    galore = {"subspace_change": arguments.subspace_change, "scale": arguments.scale,
               **({"update_gap": arguments.update_gap} if arguments.update_gap else {})}
     print(f"demo base fine-tuned on the demo instruction set: {steps} steps, seeds "
           f"{', '.join(map(str, seeds))}, {arguments.threads} thread(s); GaLore "
           f"subspace_change {galore['subspace_change']}, update_gap "
-          f"{galore.get('update_gap', 20)}\n", flush=True)
+          f"{galore.get('update_gap', 20)}, scale {galore['scale']:g}\n", flush=True)
     results = []
     with tempfile.TemporaryDirectory() as temporary:
         for method in methods:
