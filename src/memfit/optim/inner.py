@@ -8,7 +8,7 @@ unprojected parameters run them on the full gradient. State holds tensors and in
 Large parameters are processed in row chunks (`inner_directions_by_rows`). Done in one
 piece, the update of an 8000 x 768 embedding or head keeps several full-size fp32
 temporaries alive together (23.4 MiB each: the widened bf16 gradient, g**2, sqrt(v), the
-direction, then apply_update_'s fp32 copy of a bf16 weight and its rounding noise). A chunk
+direction, then the fp32 copy of a bf16 weight and its rounding noise). A chunk
 is whole rows of dim 0 holding about CHUNK_ELEMENTS values (2**20: 4 MiB of fp32), so only
 chunk-sized temporaries exist at a time; the caller applies each chunk's direction before
 the next is computed. Tensors of at most CHUNK_ELEMENTS values, and 1-D tensors, are one

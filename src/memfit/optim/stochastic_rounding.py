@@ -71,26 +71,6 @@ def _round_low_bits_(x: torch.Tensor, generator: torch.Generator | None) -> torc
     return x
 
 
-@torch.no_grad()
-def apply_update_(
-    param: torch.Tensor,
-    update: torch.Tensor,
-    step_size: float,
-    decay_factor: float,
-    seed: int,
-) -> None:
-    """param <- param * decay_factor - step_size * update, computed in fp32.
-
-    `update` is fp32 with param's shape; `param` may be a view (a row chunk). fp32 params
-    are updated in place in the same order as torch.optim.AdamW (decay, then add). bf16
-    params are widened to fp32, updated, and written back with stochastic rounding seeded
-    by `seed`; other dtypes round to nearest.
-    """
-    master = _updated(param, update, step_size, decay_factor)
-    if master is not None:
-        _write_back_(param, master, seed)
-
-
 def _updated(
     param: torch.Tensor, update: torch.Tensor, step_size: float, decay_factor: float
 ) -> torch.Tensor | None:
@@ -121,7 +101,13 @@ def apply_updates_by_rows_(
     decay_factor: float,
     seed: int,
 ) -> None:
-    """apply_update_ to param[rows] for each (rows, update) chunk, in order.
+    """param[rows] <- param[rows] * decay_factor - step_size * update for each (rows,
+    update) chunk, in order, computed in fp32.
+
+    `update` is fp32 with param[rows]'s shape (rows `...`: the whole param, one piece). fp32
+    params are updated in place in the same order as torch.optim.AdamW (decay, then add).
+    bf16 params are widened to fp32, updated, and written back with stochastic rounding;
+    other dtypes round to nearest.
 
     `updates` is typically a generator computing each chunk on demand (see
     memfit.optim.inner.inner_directions_by_rows). Each chunk is dropped as soon as it has

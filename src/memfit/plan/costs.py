@@ -27,6 +27,7 @@ from torch import nn
 
 from memfit.config.schema import Config, GaloreInner, OptimizerName, Precision
 from memfit.optim.inner import CHUNK_ELEMENTS
+from memfit.optim.quantize import quantized_bytes
 
 # bitsandbytes 8-bit optimizers keep fp32 state for tensors smaller than this.
 BNB_MIN_8BIT_SIZE = 4096
@@ -83,11 +84,6 @@ def trainable_params(model: nn.Module) -> list[Param]:
     return params
 
 
-def _quantized(numel: int) -> int:
-    blocks = -(-numel // QUANT_BLOCK)
-    return blocks * QUANT_BLOCK + 4 * blocks  # uint8 codes (whole blocks) + fp32 absmax
-
-
 def _matrix_sides(param: Param) -> tuple[int, int]:
     rows = param.shape[0]
     columns = param.numel // rows
@@ -96,7 +92,7 @@ def _matrix_sides(param: Param) -> tuple[int, int]:
 
 def _inner_state(numel: int, shape: tuple[int, ...], inner: GaloreInner) -> int:
     if inner is GaloreInner.ADAMW8BIT:
-        return 2 * _quantized(numel)
+        return 2 * quantized_bytes(numel)
     if inner is GaloreInner.ADAFACTOR:
         if len(shape) >= 2:
             return 4 * (shape[0] + numel // shape[0])
