@@ -56,3 +56,51 @@ def tiny_run_arguments(data: Path, output_dir: Path, *extra: str) -> list[str]:
         f"train: {{output_dir: {output_dir}}}\n"
         "log: {progress: false}\n")
     return [str(config), *extra]
+
+
+def run_in_process(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``memfit ARGUMENTS`` in this process (no 5 s interpreter start-up per case), with
+    ``cwd`` as the working directory; stdout/stderr captured as ``run_cli`` does."""
+    import contextlib
+    import io
+
+    from memfit.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    previous = Path.cwd()
+    os.chdir(cwd)
+    try:
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            status = main(list(arguments))
+    finally:
+        os.chdir(previous)
+    return subprocess.CompletedProcess(["memfit", *arguments], status, stdout.getvalue(),
+                                       stderr.getvalue())
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file and folder under ``root`` (relative path -> SHA-256 of the bytes, or
+    "dir"), to assert that a refused command left what the user had byte-for-byte alone."""
+    import hashlib
+
+    if not root.exists():
+        return {}
+    found = {}
+    for path in sorted(root.rglob("*")):
+        relative = str(path.relative_to(root))
+        found[relative] = ("dir" if path.is_dir()
+                           else hashlib.sha256(path.read_bytes()).hexdigest())
+    return found
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, status: int,
+                          *fragments: str) -> str:
+    """The failure is exactly one non-empty stderr line starting ``memfit: error:``, with
+    exit ``status``, no traceback, and every fragment in it; returns the line."""
+    assert result.returncode == status, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("memfit: error: "), result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
+    return lines[0]
