@@ -28,3 +28,13 @@ class ModelError(MemfitError):
 
 class OutOfMemoryPlanError(MemfitError):
     """Training ran out of memory and no smaller plan fits the budget."""
+
+
+class CheckpointError(MemfitError):
+    """A checkpoint is damaged, incomplete, or holds something memfit refuses to load."""
+
+
+class TrainingDiverged(MemfitError):
+    """The loss or the gradient norm became non-finite; exit status 3."""
+
+    exit_code = 3
