@@ -3,27 +3,59 @@
 Each record has ``step`` (the optimizer step, from 1; 0 for the evaluation before
 training) and either training keys (``loss``, ``lr``, ``grad_norm``, ``tokens_per_second``,
 memory) or evaluation keys (``eval_loss``, ``eval_perplexity``).
+
+The file is strict JSON: a non-finite number (a diverged loss) is written as ``null``.
+A resumed run first cuts the file (and TensorBoard, through ``purge_step``) back to its
+checkpoint's step, so each step has exactly one record over the whole run.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
+from memfit._utils.atomic import write_text
+
+METRICS_FILE = "metrics.jsonl"
+
+
+def _finite_or_null(value: Any) -> Any:
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+def strict_json(mapping: dict[str, Any], indent: int | None = None) -> str:
+    """JSON text with non-finite floats as null (``json.dumps`` would write bare NaN)."""
+    def clean(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {key: clean(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [clean(item) for item in value]
+        return _finite_or_null(value)
+
+    return json.dumps(clean(mapping), indent=indent, allow_nan=False)
+
 
 class MetricsLogger:
-    def __init__(self, run_dir: Path, tensorboard: bool):
-        self.path = run_dir / "metrics.jsonl"
+    """``resume_from_step``: the checkpoint's step when resuming (None for a new run);
+    records after it, left by the interrupted segment, are dropped first."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool, resume_from_step: int | None = None):
+        self.path = run_dir / METRICS_FILE
+        if resume_from_step is not None:
+            truncate_metrics(run_dir, resume_from_step)
         self._file = self.path.open("a", encoding="utf-8")
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            # purge_step: TensorBoard hides this folder's events at or after that step.
+            purge = None if resume_from_step is None else resume_from_step + 1
+            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
 
     def log(self, record: dict[str, Any]) -> None:
-        self._file.write(json.dumps(record) + "\n")
+        self._file.write(strict_json(record) + "\n")
         # Flushed per record so a killed run keeps every step it logged.
         self._file.flush()
         if self._writer is not None:
@@ -41,10 +73,27 @@ class MetricsLogger:
             self._writer.close()
 
 
+def _parse_lines(text: str) -> list[dict[str, Any]]:
+    lines = text.splitlines()
+    if text and not text.endswith("\n"):
+        lines = lines[:-1]  # a record a kill cut short
+    return [json.loads(line) for line in lines if line.strip()]
+
+
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """All records; a resumed run may repeat a step, and the later record wins in use."""
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """All complete records, in the order they were logged."""
+    path = Path(run_dir) / METRICS_FILE
+    return _parse_lines(path.read_text(encoding="utf-8")) if path.is_file() else []
+
+
+def truncate_metrics(run_dir: Path, through_step: int) -> None:
+    """Keep only the records of steps up to ``through_step`` (what the checkpoint a run
+    resumes from had seen); rewritten atomically."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        return
+    kept = [record for record in read_metrics(run_dir) if record.get("step", 0) <= through_step]
+    write_text(path, "".join(strict_json(record) + "\n" for record in kept))
 
 
 def losses_by_step(records: list[dict[str, Any]], key: str = "loss") -> dict[int, float]:
