@@ -259,6 +259,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args)
     except MemfitError as error:
+        from memfit.training.interrupts import Interrupted
+
+        if isinstance(error, Interrupted):  # a requested stop, not a failure
+            print(f"memfit: {error}", file=sys.stderr)
+            return error.exit_code
         if args.debug:
             raise
         print(f"memfit: error: {error}", file=sys.stderr)

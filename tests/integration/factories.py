@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import math
+import os
+import signal
 import time
+from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -39,3 +44,44 @@ def write_regression_data(path, rows: int = 64, seed: int = 0):
     targets = (inputs @ generator.normal(size=(8, 1))).astype(np.float32)
     np.savez(path, inputs=inputs, targets=targets)
     return path
+
+
+class NanRegressor(Regressor):
+    """A Regressor whose loss is nan (and so are its gradients) on the chosen optimizer
+    steps, counted by training forwards (one per step without accumulation)."""
+
+    def __init__(self, nan_steps: Callable[[int], bool]):
+        super().__init__()
+        self.nan_steps = nan_steps
+        self.training_forwards = 0
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        loss = super().forward(inputs, targets)
+        if not (self.training and torch.is_grad_enabled()):
+            return loss
+        self.training_forwards += 1
+        return loss * math.nan if self.nan_steps(self.training_forwards) else loss
+
+
+def nan_at_third_step() -> nn.Module:
+    return NanRegressor(lambda step: step == 3)
+
+
+def nan_from_second_step() -> nn.Module:
+    return NanRegressor(lambda step: step >= 2)
+
+
+class SignalsInFirstEval(Regressor):
+    """Sends this process SIGTERM from its first evaluation forward, once per working
+    directory (a marker file), so a resumed run in the same folder is not signalled again."""
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        marker = Path("signalled")
+        if not self.training and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().forward(inputs, targets)
+
+
+def signals_in_first_eval() -> nn.Module:
+    return SignalsInFirstEval()

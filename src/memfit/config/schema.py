@@ -111,6 +111,11 @@ class LrSchedule(Choice):
     COSINE = "cosine"
 
 
+class NonfiniteAction(Choice):
+    STOP = "stop"
+    SKIP = "skip"
+
+
 class DistributedStrategy(Choice):
     NONE = "none"
     FSDP = "fsdp"
@@ -383,6 +388,17 @@ class TrainConfig:
     save_every: int = doc("Save a checkpoint every N optimizer steps (0: only at the end).",
                           default=0)
     keep_checkpoints: int = doc("How many of the newest checkpoints to keep.", default=2)
+    on_nonfinite: NonfiniteAction = doc(
+        "When a step's loss or gradient norm is nan or inf: stop (exit status 3, keeping the "
+        "last finite checkpoint) or skip (drop that step's update and go on; with "
+        "precision=fp16 only the loss counts, the gradient scaler handles inf gradients).",
+        default=NonfiniteAction.STOP,
+    )
+    max_consecutive_skips: int = doc(
+        "train.on_nonfinite=skip: steps in a row that may be skipped; one more non-finite "
+        "step stops the run.",
+        default=5,
+    )
     seed: int = doc("Seed for weights, data order and dropout.", default=0)
     output_dir: str | None = doc(
         "Run folder; default runs/<date>-<time> under the current directory.", default=None

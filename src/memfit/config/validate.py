@@ -13,6 +13,7 @@ from memfit.config.schema import (
     Config,
     DataFormat,
     DistributedStrategy,
+    NonfiniteAction,
     OptimizerName,
     Precision,
     Task,
@@ -24,6 +25,7 @@ def validate(config: Config) -> None:
     _check_numbers(config)
     _check_combinations(config)
     _check_distributed(config)
+    _check_nonfinite(config)
     _check_not_yet_supported(config)
 
 
@@ -177,6 +179,18 @@ def _check_distributed(config: Config) -> None:
     why = fsdp_incompatibility(config)
     if why is not None:
         raise ConfigError(f"distributed.strategy=fsdp cannot be combined with {why}")
+
+
+def _check_nonfinite(config: Config) -> None:
+    train = config.train
+    if train.max_consecutive_skips < 1:
+        raise ConfigError(
+            f"train.max_consecutive_skips must be at least 1, got {train.max_consecutive_skips}")
+    if train.on_nonfinite is NonfiniteAction.SKIP and config.optimizer.layerwise:
+        raise ConfigError(
+            "train.on_nonfinite=skip cannot be combined with optimizer.layerwise=true: "
+            "layer-wise updates are applied inside backward, before the step's loss is known, "
+            "so they cannot be dropped; use train.on_nonfinite=stop or optimizer.layerwise=false")
 
 
 # Keys whose feature lands with a later issue: (predicate, message).

@@ -4,8 +4,12 @@
    (tokens for language models, examples otherwise) -> ``items``;
 2. for each micro-batch: forward under autocast (and activation offload), backward of
    ``loss_sum / items`` — so the gradient is that of the mean over the EFFECTIVE batch;
-3. unscale (fp16), clip the global norm, optimizer step, scheduler step, zero grads;
-4. log (with the step's memory from the meter), evaluate, checkpoint.
+3. unscale (fp16), clip the global norm; judge the step (memfit.training.nonfinite): a nan
+   or inf loss or gradient norm stops the run or skips the update; optimizer step,
+   scheduler step, zero grads;
+4. log (with the step's memory from the meter), evaluate, checkpoint (weights checked finite);
+5. on SIGTERM/SIGINT received during the step (memfit.training.interrupts): checkpoint there
+   if not just saved, and stop.
 
 The step runs inside ``meter.step()``, which on CPU enforces ``memory.budget``. An OOM in
 forward/backward zeroes the gradients, moves one rung down ``recovery.next_rung`` and
@@ -13,7 +17,9 @@ retries the same step from the same examples; an OOM in evaluation halves the ev
 
 Distributed (memfit.distributed): each rank runs its share of every micro-batch; ``items``
 and the step loss are summed over ranks, so the loss is normalised over the GLOBAL
-effective batch and FSDP sums (not averages) the gradients. Every rank evaluates the whole
+effective batch and FSDP sums (not averages) the gradients; the verdict on a non-finite step
+follows from that loss and the global norm, and a stop signal on any rank is summed at each
+step boundary, so all ranks stop at the same step. Every rank evaluates the whole
 eval split (FSDP's all-gathers need all ranks in every forward). An OOM is not retried:
 the ranks would disagree on the micro-batch, so the job stops with the error.
 """
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import math
+import signal
 import time
 import warnings
 from collections.abc import Callable
@@ -33,7 +40,7 @@ import torch
 from memfit import distributed
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import OutOfMemoryPlanError
-from memfit.checkpoint import TrainerState, save_checkpoint
+from memfit.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
 from memfit.config import to_yaml
 from memfit.config.schema import AdapterKind, Precision
 from memfit.monitor.memory import MemoryMeter
@@ -44,6 +51,8 @@ from memfit.techniques import lora
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer
 from memfit.training.batches import BatchStream, eval_batches
 from memfit.training.build import Run
+from memfit.training.interrupts import Interrupted, StopRequests
+from memfit.training.nonfinite import DivergenceGuard, Verdict
 from memfit.training.precision import autocast
 from memfit.training.recovery import Rung, next_rung, rebuild, smaller_eval_batch
 
@@ -51,8 +60,9 @@ from memfit.training.recovery import Rung, next_rung, rebuild, smaller_eval_batc
 @dataclass
 class LoopResult:
     state: TrainerState
-    losses: dict[int, float] = field(default_factory=dict)
+    losses: dict[int, float] = field(default_factory=dict)  # steps whose update was applied
     eval_losses: dict[int, float] = field(default_factory=dict)
+    skipped_steps: int = 0  # by train.on_nonfinite=skip, in this call
 
 
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device,
@@ -109,24 +119,32 @@ def _forward_backward(run: Run, micro_batches: list[dict], items: int, layerwise
     return step_loss
 
 
-def _update(run: Run, layerwise: bool) -> float:
-    """Clip and step (layer-wise: the updates already ran in backward, clipped per tensor);
-    returns the pre-clip global gradient norm."""
+def _clip(run: Run, layerwise: bool) -> float:
+    """Unscale (fp16) and clip; returns the pre-clip global gradient norm. Layer-wise: the
+    updates already ran in backward, clipped per tensor, and step() only reports the norm."""
     if layerwise:
         run.optimizer.step()
         return float(run.optimizer.grad_norm)
-    max_norm = run.config.train.max_grad_norm
     if run.scaler:
         run.scaler.unscale_(run.optimizer)
     # GaLore may hold gradients projected in backward (R = P^T G) instead of .grad.
     projected = run.optimizer.projected_gradients() if isinstance(run.optimizer, GaLore) else []
-    grad_norm = clip_grad_norm_(run.trainable_parameters, max_norm, projected)
-    if run.scaler:
-        run.scaler.step(run.optimizer)
+    return float(clip_grad_norm_(run.trainable_parameters, run.config.train.max_grad_norm,
+                                 projected))
+
+
+def _update(run: Run, layerwise: bool, verdict: Verdict) -> None:
+    """Apply the clipped gradients, unless the verdict drops them (zero_grad then discards
+    them, GaLore's projected ones included)."""
+    if layerwise:
+        return
+    if verdict is Verdict.APPLY:
+        if run.scaler:
+            run.scaler.step(run.optimizer)
+        else:
+            run.optimizer.step()
+    if run.scaler:  # lowers the scale after inf gradients, and ends unscale_'s step
         run.scaler.update()
-    else:
-        run.optimizer.step()
-    return float(grad_norm)
 
 
 def _out_of_memory(run: Run, where: str, step: int, failure: str) -> OutOfMemoryPlanError:
@@ -188,18 +206,49 @@ def _evaluate_within_memory(run: Run, meter: MemoryMeter, step: int) -> dict[str
                       stacklevel=2)
 
 
+def _save(run: Run, run_dir: Path, state: TrainerState, guard: DivergenceGuard) -> Path:
+    guard.check_weights(run.model, state.step)
+    guard.last_checkpoint = save_checkpoint(
+        run_dir, state, run.model, run.optimizer, run.scheduler, run.scaler,
+        keep=run.config.train.keep_checkpoints)
+    return guard.last_checkpoint
+
+
+def _agreed_stop_signal(requests: StopRequests) -> int | None:
+    """The signal to stop on, the same on every rank: any rank's request stops them all
+    (a rank that received none reports SIGTERM, which launchers forward)."""
+    if not distributed.all_reduce_sum(int(requests.received is not None)):
+        return None
+    return requests.received or signal.SIGTERM
+
+
 def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLogger,
                 meter: MemoryMeter,
                 on_step: Callable[[dict], None] = lambda record: None) -> LoopResult:
+    """Steps ``state.step + 1`` to ``run.total_steps``. Raises TrainingDiverged on a
+    non-finite step or weights, and Interrupted after SIGTERM/SIGINT (signals are handled
+    only for the duration of this call)."""
+    with StopRequests().installed() as requests:
+        return _train_steps(run, run_dir, state, logger, meter, on_step, requests)
+
+
+def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLogger,
+                 meter: MemoryMeter, on_step: Callable[[dict], None],
+                 requests: StopRequests) -> LoopResult:
     stream = BatchStream(run.splits.train, run.config.train.micro_batch_size,
                          run.config.train.seed, run.collate, consumed=state.consumed,
                          rank=distributed.rank(), world_size=distributed.world_size())
     result = LoopResult(state)
+    guard = DivergenceGuard(run.config, latest_checkpoint(run_dir),
+                            scaler_checks_gradients=run.scaler is not None)
     if state.step == 0:
         metrics = _evaluate_within_memory(run, meter, 0)
         if metrics is not None:
             logger.log(_eval_record(0, metrics))
             result.eval_losses[0] = metrics["loss"]
+        stop_signal = _agreed_stop_signal(requests)
+        if stop_signal is not None:  # a step-0 checkpoint lets --resume start the run
+            raise Interrupted(stop_signal, 0, _save(run, run_dir, state, guard), run_dir)
     run.model.train()
     layerwise = isinstance(run.optimizer, LayerwiseOptimizer)
     adapters = run.config.adapter.kind is not AdapterKind.NONE
@@ -220,7 +269,9 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
                     if step == state_at_start + 1 and adapters and not layerwise:
                         lora.check_gradients_reached(run.model)  # checkpointing can cut them
                     try:
-                        grad_norm = _update(run, layerwise)
+                        grad_norm = _clip(run, layerwise)
+                        verdict = guard.judge(step, step_loss, grad_norm)
+                        _update(run, layerwise, verdict)
                     except torch.OutOfMemoryError as error:
                         # The optimizer may have updated some state: not safely retryable.
                         raise _out_of_memory(run, "in the optimizer step", step,
@@ -242,15 +293,21 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
         state.step, state.consumed = step, stream.consumed
         state.tokens += items
         state.elapsed_seconds += seconds
-        result.losses[step] = step_loss
+        if verdict is Verdict.APPLY:
+            result.losses[step] = step_loss
         record = {"step": step, "loss": step_loss, "lr": lr, "grad_norm": grad_norm,
                   "tokens": items, "tokens_per_second": items / seconds,
                   "step_seconds": seconds, "epoch": stream.epoch}
+        if guard.skipping:
+            record.update(skipped=verdict is Verdict.SKIP, skipped_steps=guard.skipped_steps)
         if meter.last_step is not None:
             record.update(meter.last_step.to_record())
         record.update(_host_bytes(run))
-        if step % run.config.log.every == 0 or step == run.total_steps:
+        unsound = verdict is not Verdict.APPLY  # always in the record, whatever log.every
+        if unsound or step % run.config.log.every == 0 or step == run.total_steps:
             logger.log(record)
+        if verdict is Verdict.STOP:
+            raise guard.diverged(step)
         on_step(record)
         train_config = run.config.train
         last = step == run.total_steps
@@ -259,7 +316,12 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
             if metrics is not None:
                 logger.log(_eval_record(step, metrics))
                 result.eval_losses[step] = metrics["loss"]
-        if (train_config.save_every and step % train_config.save_every == 0) or last:
-            save_checkpoint(run_dir, state, run.model, run.optimizer, run.scheduler, run.scaler,
-                            keep=train_config.keep_checkpoints)
+        saved = (train_config.save_every and step % train_config.save_every == 0) or last
+        if saved:
+            _save(run, run_dir, state, guard)
+        stop_signal = _agreed_stop_signal(requests)
+        if stop_signal is not None and not last:  # after the last step the run is complete
+            checkpoint = guard.last_checkpoint if saved else _save(run, run_dir, state, guard)
+            raise Interrupted(stop_signal, step, checkpoint, run_dir)
+    result.skipped_steps = guard.skipped_steps
     return result
