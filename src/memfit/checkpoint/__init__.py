@@ -1,5 +1,6 @@
 """Save and resume the whole training state."""
 
+from memfit.checkpoint.folders import newest_intact_checkpoint, remove_stale_staging
 from memfit.checkpoint.state import (
     TrainerState,
     latest_checkpoint,
@@ -7,4 +8,5 @@ from memfit.checkpoint.state import (
     save_checkpoint,
 )
 
-__all__ = ["TrainerState", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["TrainerState", "latest_checkpoint", "load_checkpoint", "newest_intact_checkpoint",
+           "remove_stale_staging", "save_checkpoint"]

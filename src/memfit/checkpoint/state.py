@@ -2,38 +2,44 @@
 exactly as if never interrupted:
 
 - ``trainable.safetensors``  the parameters that train (all weights, or only adapters)
+- ``buffers.safetensors``    the model's persistent buffers (BatchNorm running statistics)
 - ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``  their state_dicts (tensors + numbers)
 - ``rng.pt``                  torch / CUDA / Python / NumPy generator states
 - ``trainer_state.json``      step, examples consumed (the data position), tokens seen
+- ``manifest.json``           the kind, the step, every file's size and SHA-256 (manifest.py)
 
 Everything loads with safetensors or ``torch.load(weights_only=True)``: no pickled code.
-A model sharded with FSDP2 writes a sharded checkpoint instead of ``trainable.safetensors``
-and ``optimizer.pt`` (memfit/distributed/checkpoint.py); loading recognises either kind.
+A model sharded with FSDP2 writes a sharded checkpoint instead of ``trainable.safetensors``,
+``buffers.safetensors`` and ``optimizer.pt`` (memfit/distributed/checkpoint.py); the
+manifest's kind says which one a folder is. A folder is loaded only once it matches its
+manifest, and only the files the manifest lists are read.
 Folders are written under a temporary name and renamed, so a kill mid-save leaves the
-previous checkpoint intact.
+previous checkpoint intact; ``checkpoints/index.json`` records which folders this run
+saved, the only ones pruning removes (index.py).
 """
 
 from __future__ import annotations
 
 import json
 import random
-import re
-import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from memfit import distributed
 from memfit._utils.atomic import staged_folder
-from memfit._utils.errors import ConfigError
+from memfit._utils.errors import CheckpointError, ConfigError
+from memfit._utils.weights_only import load_weights_only
+from memfit.checkpoint import index
+from memfit.checkpoint.folders import checkpoint_folders
+from memfit.checkpoint.manifest import CheckpointKind, Manifest, verify_checkpoint, write_manifest
 from memfit.distributed import checkpoint as sharded_checkpoint
 from memfit.distributed.fsdp import is_sharded
-
-STEP_FOLDER = re.compile(r"^step-(\d+)$")
 
 
 @dataclass
@@ -47,6 +53,13 @@ class TrainerState:
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return {name: parameter.detach().contiguous()
             for name, parameter in model.named_parameters() if parameter.requires_grad}
+
+
+def buffer_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The buffers ``model.state_dict()`` holds (non-persistent ones are rebuilt)."""
+    saved = model.state_dict().keys()
+    return {name: buffer.detach().contiguous()
+            for name, buffer in model.named_buffers() if name in saved}
 
 
 def _rng_state() -> dict:
@@ -74,6 +87,7 @@ def save_checkpoint(run_dir: Path, state: TrainerState, model: nn.Module, optimi
                     scaler, keep: int) -> Path:
     root = run_dir / "checkpoints"
     final = root / f"step-{state.step}"
+    index.refuse_foreign(final)  # on every rank, so that all of them stop
     sharded = is_sharded(model)
     with (sharded_checkpoint.shared_staged_folder(final) if sharded
           else staged_folder(final)) as folder:
@@ -82,6 +96,7 @@ def save_checkpoint(run_dir: Path, state: TrainerState, model: nn.Module, optimi
             torch.save(_rng_state(), folder / f"rng-{distributed.rank()}.pt")
         else:
             save_file(trainable_state(model), folder / "trainable.safetensors")
+            save_file(buffer_state(model), folder / "buffers.safetensors")
             torch.save(optimizer.state_dict(), folder / "optimizer.pt")
             torch.save(_rng_state(), folder / "rng.pt")
         if distributed.is_main():
@@ -89,50 +104,96 @@ def save_checkpoint(run_dir: Path, state: TrainerState, model: nn.Module, optimi
             if scaler is not None:
                 torch.save(scaler.state_dict(), folder / "scaler.pt")
             (folder / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
+        distributed.barrier()  # every rank's files are complete before they are hashed
+        if distributed.is_main():
+            kind = CheckpointKind.SHARDED if sharded else CheckpointKind.SINGLE_PROCESS
+            write_manifest(folder, kind, state.step)
+            index.claim(final)
     if distributed.is_main():
-        for old in _checkpoints(root)[:-keep]:
-            shutil.rmtree(old)
+        index.prune(root, keep)
     return final
 
 
-def _checkpoints(root: Path) -> list[Path]:
-    """Complete checkpoint folders, oldest first (staging folders start with a dot)."""
-    if not root.is_dir():
-        return []
-    found = [(int(match.group(1)), path) for path in root.iterdir()
-             if (match := STEP_FOLDER.match(path.name))]
-    return [path for _, path in sorted(found)]
-
-
 def latest_checkpoint(run_dir: Path) -> Path | None:
-    found = _checkpoints(run_dir / "checkpoints")
+    """The newest checkpoint folder by name, intact or not (``newest_intact_checkpoint``
+    chooses what to resume from)."""
+    found = checkpoint_folders(run_dir)
     return found[-1] if found else None
 
 
-def _rng_file(folder: Path) -> Path:
+def _listed(folder: Path, manifest: Manifest, name: str) -> Path:
+    """``folder/name``, which verification has checked; CheckpointError when the manifest
+    does not list it."""
+    if name not in manifest.files:
+        raise CheckpointError(f"{folder} has no {name} (its manifest lists "
+                              f"{', '.join(sorted(manifest.files))})")
+    return folder / name
+
+
+def _torch_file(folder: Path, manifest: Manifest, name: str):
+    path = _listed(folder, manifest, name)
+    return load_weights_only(str(path), str(path))
+
+
+def _safetensors_file(folder: Path, manifest: Manifest, name: str) -> dict[str, torch.Tensor]:
+    path = _listed(folder, manifest, name)
+    try:
+        return load_file(path)
+    except SafetensorError as error:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+
+
+def _rng_file(manifest: Manifest) -> str:
     """This rank's generator states; a rank the checkpoint did not have (resumed on more
     processes) takes rank 0's."""
     for name in (f"rng-{distributed.rank()}.pt", "rng.pt"):
-        if (folder / name).is_file():
-            return folder / name
-    return folder / "rng-0.pt"
+        if name in manifest.files:
+            return name
+    return "rng-0.pt"
+
+
+def _copy_into(folder: Path, name: str, saved: dict[str, torch.Tensor],
+               targets: dict[str, torch.Tensor]) -> None:
+    unknown = sorted(set(saved) - set(targets))
+    if unknown:
+        raise CheckpointError(f"{folder / name} holds {unknown[0]!r}, which this model does "
+                              "not have (was it saved from another model config?)")
+    with torch.no_grad():
+        for key, tensor in saved.items():
+            targets[key].copy_(tensor)
+
+
+def _trainer_state(folder: Path, manifest: Manifest) -> TrainerState:
+    path = _listed(folder, manifest, "trainer_state.json")
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+        names = {field.name for field in fields(TrainerState)}
+        if not isinstance(raw, dict) or not set(raw) <= names:
+            raise ValueError(f"expected the keys {', '.join(sorted(names))}")
+        return TrainerState(**raw)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise CheckpointError(f"{path}: not a trainer state ({error})") from None
 
 
 def load_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler, scaler) -> TrainerState:
-    if sharded_checkpoint.is_sharded_checkpoint(folder):
-        sharded_checkpoint.load(folder, model, optimizer)
+    """Verify ``folder`` against its manifest (DamagedCheckpoint otherwise), then restore
+    everything from it; collective for a sharded checkpoint when distributed."""
+    manifest = verify_checkpoint(folder)
+    if manifest.kind is CheckpointKind.SHARDED:
+        sharded_checkpoint.load(folder, manifest.files, model, optimizer)
     elif is_sharded(model):
         raise ConfigError(f"{folder} was written without distributed.strategy=fsdp; resume "
                           "it with distributed.strategy=none")
     else:
-        weights = load_file(folder / "trainable.safetensors")
-        parameters = dict(model.named_parameters())
-        with torch.no_grad():
-            for name, tensor in weights.items():
-                parameters[name].copy_(tensor)
-        optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
-    scheduler.load_state_dict(torch.load(folder / "scheduler.pt", weights_only=True))
+        _copy_into(folder, "trainable.safetensors",
+                   _safetensors_file(folder, manifest, "trainable.safetensors"),
+                   dict(model.named_parameters()))
+        _copy_into(folder, "buffers.safetensors",
+                   _safetensors_file(folder, manifest, "buffers.safetensors"),
+                   dict(model.named_buffers()))
+        optimizer.load_state_dict(_torch_file(folder, manifest, "optimizer.pt"))
+    scheduler.load_state_dict(_torch_file(folder, manifest, "scheduler.pt"))
     if scaler is not None:
-        scaler.load_state_dict(torch.load(folder / "scaler.pt", weights_only=True))
-    _restore_rng(torch.load(_rng_file(folder), weights_only=True))
-    return TrainerState(**json.loads((folder / "trainer_state.json").read_text()))
+        scaler.load_state_dict(_torch_file(folder, manifest, "scaler.pt"))
+    _restore_rng(_torch_file(folder, manifest, _rng_file(manifest)))
+    return _trainer_state(folder, manifest)

@@ -10,12 +10,15 @@ A sharded ``checkpoints/step-N/`` folder holds, beside the files every checkpoin
 - ``rng-R.pt``                     each rank's generator states.
 
 Frozen weights (and quantized bases) are not saved: they are rebuilt from the config.
+Buffers (BatchNorm statistics) are not saved either: only single-process checkpoints
+carry them. Reading goes through ``dcp_reader`` (nothing in the folder is unpickled as
+code) and only after the manifest has been verified.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import torch
@@ -29,17 +32,19 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from memfit._utils.atomic import staged_folder
+from memfit.checkpoint.manifest import CheckpointKind, read_manifest, verify_checkpoint
+from memfit.distributed import dcp_reader
 from memfit.distributed.fsdp import is_sharded
 from memfit.distributed.process_group import barrier, broadcast_from_main, is_main
 
-METADATA_FILE = ".metadata"
 # Frozen parameters are dropped here; buffers by _trainable. strict=False: loading sets
 # only what was saved.
 _OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def is_sharded_checkpoint(folder: Path) -> bool:
-    return (folder / METADATA_FILE).is_file()
+    """What the checkpoint's manifest says (DamagedCheckpoint when it has none)."""
+    return read_manifest(folder).kind is CheckpointKind.SHARDED
 
 
 @contextlib.contextmanager
@@ -69,20 +74,22 @@ def save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> No
              checkpoint_id=folder)
 
 
-def load(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load(folder: Path, files: Collection[str], model: nn.Module,
+         optimizer: torch.optim.Optimizer) -> None:
     """Collective when distributed; reshards to this run's processes (or to a plain,
-    unsharded model)."""
+    unsharded model). ``files``: the names of the folder's verified manifest."""
     model_state, optimizer_state = get_state_dict(model, optimizer, options=_OPTIONS)
     state = {"model": _trainable(model, model_state), "optimizer": optimizer_state}
-    dcp.load(state, checkpoint_id=folder)
+    dcp_reader.load(state, folder, files)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optimizer"], options=_OPTIONS)
 
 
 def load_trainable(folder: Path, model: nn.Module) -> None:
     """The trainable weights of a sharded checkpoint into a plain model, in place (what
-    ``memfit merge`` consolidates; needs no process group)."""
-    dcp.load({"model": _trainable(model, model.state_dict())}, checkpoint_id=folder)
+    ``memfit merge`` consolidates; needs no process group). Verifies the folder first."""
+    files = verify_checkpoint(folder).files
+    dcp_reader.load({"model": _trainable(model, model.state_dict())}, folder, files)
 
 
 def gathered_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:

@@ -1,0 +1,61 @@
+"""The checkpoints of a run folder: ``checkpoints/step-N/``, which one to resume from, and
+the half-written staging folders a killed save leaves behind."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from memfit._utils.errors import CheckpointError
+from memfit.checkpoint.manifest import STEP_FOLDER, DamagedCheckpoint, verify_checkpoint
+
+# The names memfit._utils.atomic.staged_folder gives ``checkpoints/step-N`` while it is
+# written (``.step-N.`` + tempfile's 8 characters) and while an older one is swapped out
+# (``.step-N.old.`` + 8): nothing else in checkpoints/ is ever removed as stale.
+_STAGING_FOLDER = re.compile(r"^\.step-\d+\.(old\.)?[a-z0-9_]{8}$")
+
+
+def checkpoint_folders(run_dir: Path) -> list[Path]:
+    """The ``checkpoints/step-N`` folders of ``run_dir``, oldest first, intact or not."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(match.group(1)), path) for path in root.iterdir()
+             if (match := STEP_FOLDER.match(path.name)) and path.is_dir()]
+    return [path for _, path in sorted(found)]
+
+
+def newest_intact_checkpoint(run_dir: Path) -> Path | None:
+    """The newest checkpoint whose files match its manifest; None when there is none at
+    all. Each newer damaged one gets one warning line on stderr; CheckpointError when
+    checkpoints exist but none is intact."""
+    damaged: list[DamagedCheckpoint] = []
+    for folder in reversed(checkpoint_folders(run_dir)):
+        try:
+            verify_checkpoint(folder)
+        except DamagedCheckpoint as error:
+            damaged.append(error)
+            continue
+        for error in damaged:
+            print(f"memfit: warning: {error}; falling back to {folder}", file=sys.stderr)
+        return folder
+    if not damaged:
+        return None
+    reasons = "; ".join(f"{error.folder.name}: {error.reason}" for error in damaged)
+    raise CheckpointError(f"no intact checkpoint under {run_dir / 'checkpoints'} ({reasons}); "
+                          "memfit trains only on checkpoints that match their manifest.json")
+
+
+def remove_stale_staging(run_dir: Path) -> list[Path]:
+    """Remove what a killed save left in ``checkpoints/`` (staging folders only); returns
+    what was removed. Call only while holding the run: a live run's save is staged too."""
+    root = run_dir / "checkpoints"
+    if not root.is_dir():
+        return []
+    stale = [path for path in sorted(root.iterdir())
+             if _STAGING_FOLDER.match(path.name) and path.is_dir() and not path.is_symlink()]
+    for path in stale:
+        shutil.rmtree(path)
+    return stale
