@@ -109,12 +109,15 @@ def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str) ->
     import memfit
     from memfit.plan.planner import load_plan_config
     from memfit.plan.report import format_plan
+    from memfit.training.fit import example_batch
 
     plan_device = "cuda" if device.startswith("cuda") else "cpu"
     try:
         config = load_plan_config(run_dir / "config.yaml", [])
-        plan = memfit.plan(config, config.memory.budget or _NO_BUDGET, device=plan_device)
-    except MemfitError as error:  # e.g. a model.factory model needs an example batch
+        # A factory or image model is traced on a batch of its data, as `memfit plan` does.
+        plan = memfit.plan(config, config.memory.budget or _NO_BUDGET, device=plan_device,
+                           example_batch=example_batch(config))
+    except MemfitError as error:  # e.g. data.path moved since the run
         return _note(f"no plan: {error}")
     estimate = plan.config
     measured = (summary or {}).get("memory_peak_by_category", {})

@@ -9,6 +9,9 @@ bitsandbytes layers are stood in for by ``QuantizedLinear``: the same bytes (fro
 (a dequantized weight exists only inside each matmul; only the quantized data is kept;
 the output in the input's dtype, as bitsandbytes returns it).
 
+A factory runs under the meta device with ``from_pretrained`` building from the folder's
+``config.json`` (``plan.pretrained_on_meta``), so wrapping a pretrained model plans too.
+
 Hugging Face models can be built with fewer layers (``layers=``) so the planner can trace
 activations of a 70B model in seconds and extrapolate per layer.
 """
@@ -27,6 +30,7 @@ from memfit._utils.errors import ModelError
 from memfit.config.schema import AdapterKind, BaseQuantization, Config, Precision, Task
 from memfit.models.load import TORCH_DTYPES, build_image_preset, import_object
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
+from memfit.plan.pretrained_on_meta import from_pretrained_on_meta
 from memfit.techniques import checkpointing, lora, quantize
 
 # The bitsandbytes autograd function a quantized Linear trains through (QuantizedLinear).
@@ -115,7 +119,7 @@ def _from_hf_config(transformers_config, task: Task) -> nn.Module:
 def _from_factory(config: Config) -> nn.Module:
     factory = import_object(config.model.factory, "model.factory")
     try:
-        with torch.device("meta"):
+        with torch.device("meta"), from_pretrained_on_meta():
             model = factory()
     except Exception as error:  # noqa: BLE001  (the user's code failed; say where)
         raise ModelError(f"model.factory={config.model.factory!r} raised {error!r} while "
