@@ -85,3 +85,20 @@ class SignalsInFirstEval(Regressor):
 
 def signals_in_first_eval() -> nn.Module:
     return SignalsInFirstEval()
+
+
+class BatchNormRegressor(nn.Module):
+    """A regressor whose BatchNorm running statistics (buffers, not parameters) change in
+    training and decide its evaluation loss: resume must restore them."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), nn.ReLU(),
+                                 nn.Linear(16, 1))
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(self.net(inputs), targets)
+
+
+def batchnorm_regressor() -> nn.Module:
+    return BatchNormRegressor()
