@@ -3,8 +3,10 @@
 While ``StopRequests.installed()`` is active, the first SIGTERM or SIGINT is only recorded;
 the loop finishes the step it is in, saves a checkpoint there and raises ``Interrupted``,
 whose exit status is the shell's for that signal (143, 130). A second SIGINT while stopping
-aborts at once (KeyboardInterrupt), for a user who will not wait for the save. Handlers
-can only be installed from the main thread; elsewhere signals keep their old meaning.
+aborts at once (KeyboardInterrupt), for a user who will not wait for the save, except in
+a launched worker: there Ctrl-C reaches it twice, from the terminal and relayed by
+torchrun. Handlers can only be installed from the main thread; elsewhere signals keep
+their old meaning.
 
 Kept free of torch: the CLI imports ``Interrupted`` to print it.
 """
@@ -37,11 +39,12 @@ class Interrupted(MemfitError):
 class StopRequests:
     """The first stop signal received while installed (``received``; None if none)."""
 
-    def __init__(self) -> None:
+    def __init__(self, second_sigint_aborts: bool = True) -> None:
         self.received: int | None = None
+        self.second_sigint_aborts = second_sigint_aborts
 
     def _handle(self, number: int, frame: FrameType | None) -> None:
-        if self.received is not None and number == signal.SIGINT:
+        if self.received is not None and number == signal.SIGINT and self.second_sigint_aborts:
             raise KeyboardInterrupt
         if self.received is None:
             self.received = number

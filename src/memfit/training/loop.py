@@ -228,7 +228,8 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
     """Steps ``state.step + 1`` to ``run.total_steps``. Raises TrainingDiverged on a
     non-finite step or weights, and Interrupted after SIGTERM/SIGINT (signals are handled
     only for the duration of this call)."""
-    with StopRequests().installed() as requests:
+    requests = StopRequests(second_sigint_aborts=not distributed.is_distributed())
+    with requests.installed():
         return _train_steps(run, run_dir, state, logger, meter, on_step, requests)
 
 

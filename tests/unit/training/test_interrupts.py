@@ -9,28 +9,49 @@ from pathlib import Path
 
 import pytest
 
-from memfit.training.interrupts import Interrupted, StopRequests
+from memfit.training.interrupts import STOP_SIGNALS, Interrupted, StopRequests
 
 
 def _handlers() -> dict[int, object]:
-    return {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+    return {number: signal.getsignal(number) for number in STOP_SIGNALS}
 
 
-@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_is_recorded_and_the_old_handlers_come_back(number):
+@pytest.fixture
+def escaped():
+    """Signals the code under test did not handle: recorded by this test's own handlers
+    (which it must put back), where they would otherwise end pytest itself."""
+    seen: list[int] = []
+    previous = {number: signal.signal(number, lambda number, frame: seen.append(number))
+                for number in STOP_SIGNALS}
+    yield seen
+    for number, handler in previous.items():
+        signal.signal(number, handler)
+
+
+@pytest.mark.parametrize("number", STOP_SIGNALS)
+def test_a_signal_is_recorded_and_the_old_handlers_come_back(number, escaped):
     before = _handlers()
     with StopRequests().installed() as requests:
         os.kill(os.getpid(), number)
         os.kill(os.getpid(), signal.SIGTERM)  # a later SIGTERM changes nothing
         assert requests.received == number
     assert _handlers() == before
+    assert escaped == []
 
 
-def test_a_second_sigint_aborts_at_once():
+def test_a_second_sigint_aborts_at_once(escaped):
     with pytest.raises(KeyboardInterrupt), StopRequests().installed() as requests:
         os.kill(os.getpid(), signal.SIGTERM)
         assert requests.received == signal.SIGTERM
         os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_launched_worker_waits_for_the_save_through_a_relayed_sigint(escaped):
+    with StopRequests(second_sigint_aborts=False).installed() as requests:
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGINT)
+        assert requests.received == signal.SIGINT
+    assert escaped == []
 
 
 def test_outside_the_main_thread_nothing_is_installed():

@@ -1,0 +1,49 @@
+"""``model.factory`` models for the distributed fault tests: a fault that happens on rank 1
+only, at its third training forward (step 3: one forward per step, no accumulation)."""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class FaultOnRankOne(nn.Module):
+    def __init__(self, fault: str):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+        self.head = nn.Linear(8, 1)
+        self.fault = fault
+        self.training_forwards = 0
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        hidden = inputs
+        for block in self.blocks:
+            hidden = torch.relu(block(hidden))
+        loss = F.mse_loss(self.head(hidden), targets)
+        if not self.training or dist.get_rank() != 1:
+            return loss
+        self.training_forwards += 1
+        if self.training_forwards != 3:
+            return loss
+        if self.fault == "nan":
+            return loss * math.nan
+        marker = Path("signalled")  # once per folder: the resumed run is not signalled again
+        if not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return loss
+
+
+def nan_on_rank_one() -> nn.Module:
+    return FaultOnRankOne("nan")
+
+
+def sigterm_on_rank_one() -> nn.Module:
+    return FaultOnRankOne("sigterm")
