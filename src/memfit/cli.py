@@ -11,7 +11,7 @@ import logging
 import sys
 from pathlib import Path
 
-from memfit._utils.errors import MemfitError
+from memfit._utils.errors import MemfitError, is_disk_full
 from memfit._utils.sizes import format_bytes
 
 DESCRIPTION = "Fine-tune PyTorch models inside the GPU memory you actually have."
@@ -109,7 +109,7 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 def _command_merge(args: argparse.Namespace) -> int:
     from memfit.merge import merge_run
 
-    out = merge_run(args.run_dir, args.out)
+    out = merge_run(args.run_dir, args.out, force=args.force)
     print(f"merged model  {out}/")
     return 0
 
@@ -194,7 +194,11 @@ def build_parser() -> argparse.ArgumentParser:
         "merge", help="fold a run's trained adapters into the base and save the full model")
     merge.add_argument("run_dir", metavar="RUN_DIR", help="run folder trained with adapters")
     merge.add_argument("--out", required=True, metavar="DIR",
-                       help="where to write the merged model (replaced if it exists)")
+                       help="a new or empty folder for the merged model; never the run folder "
+                            "or the current directory")
+    merge.add_argument("--force", action="store_true",
+                       help="replace the contents of a non-empty --out folder (the new model is "
+                            "written beside it first, then swapped in)")
     _add_debug(merge)
     merge.set_defaults(handler=_command_merge)
 
@@ -268,6 +272,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"memfit: error: {error}", file=sys.stderr)
         return error.exit_code
+    except Exception as error:
+        if args.debug or not is_disk_full(error):
+            raise
+        print("memfit: error: the disk is full (no space left on device); free some space, or "
+              "move the run folder to another disk, then resume it", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("memfit: interrupted", file=sys.stderr)
         return 130

@@ -52,6 +52,10 @@ def merged_model(run_dir: Path) -> tuple[nn.Module, object | None, bool]:
     if not (adapter_dir / "adapter_config.json").is_file():
         raise ConfigError(f"memfit merge {run_dir}: no adapter/adapter_config.json (the run "
                           "has not finished; train it to the end first)")
+    if not (adapter_dir / "adapter_model.safetensors").is_file():
+        # PEFT would fall back to a pickled adapter_model.bin: memfit never unpickles.
+        raise ConfigError(f"memfit merge {run_dir}: no adapter/adapter_model.safetensors "
+                          "(memfit writes adapters only as safetensors)")
     seed_everything(config.train.seed)  # built models get the weights training started from
     loaded = load_base(config)
     base, dtype = loaded.model, TORCH_DTYPES[config.model.dtype]
@@ -81,9 +85,30 @@ def _consolidated(config: Config, checkpoint: Path) -> tuple[nn.Module, object |
     return loaded.model, loaded.tokenizer, loaded.is_transformers
 
 
-def merge_run(run_dir: str | Path, out: str | Path) -> Path:
-    """Write the merged model of ``run_dir`` to ``out`` (replaced atomically)."""
+def _check_out(run_dir: Path, out: Path, force: bool) -> None:
+    """Refuse an ``--out`` that would overwrite or sit inside what the user has: the run
+    itself, the current directory, or a folder with content (unless ``--force``)."""
+    run, target, here = run_dir.resolve(), out.resolve(), Path.cwd().resolve()
+    for name, place in (("the run folder", run), ("the current directory", here)):
+        if target == place or place.is_relative_to(target):
+            raise ConfigError(f"memfit merge --out {out}: that is or contains {name}; "
+                              "choose a new folder")
+    if target.is_relative_to(run):
+        raise ConfigError(f"memfit merge --out {out}: that is inside the run folder {run_dir}; "
+                          "choose a folder outside it")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"memfit merge --out {out}: that is a file; choose a new folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise ConfigError(f"memfit merge --out {out}: that folder is not empty; choose a new "
+                          "folder, or pass --force to replace its contents")
+
+
+def merge_run(run_dir: str | Path, out: str | Path, force: bool = False) -> Path:
+    """Write the merged model of ``run_dir`` to ``out``: a new or empty folder, or with
+    ``force`` a folder whose contents are replaced — only once the new model is complete
+    (written beside it, then swapped in)."""
     run_dir, out = Path(run_dir), Path(out)
+    _check_out(run_dir, out, force)
     model, tokenizer, is_transformers = merged_model(run_dir)
     with staged_folder(out) as folder:
         save_model(folder, model, tokenizer, save_pretrained=is_transformers)

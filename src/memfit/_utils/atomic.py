@@ -31,7 +31,9 @@ def write_text(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def staged_folder(final: Path) -> Iterator[Path]:
-    """Yield a temporary sibling folder to fill; on success it replaces ``final``."""
+    """Yield a temporary sibling folder to fill; on success it replaces ``final``. An old
+    ``final`` is moved aside before the new one is renamed into place, so a kill at any
+    moment leaves one complete folder (or both, the old one under a dot-name)."""
     final.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}."))
     os.chmod(staging, _default_mode(directory=True))
@@ -40,6 +42,10 @@ def staged_folder(final: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    if final.exists():
-        shutil.rmtree(final)
+    if not final.exists():
+        os.rename(staging, final)
+        return
+    retired = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.old."))
+    os.rename(final, retired / final.name)
     os.rename(staging, final)
+    shutil.rmtree(retired)

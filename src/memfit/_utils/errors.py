@@ -7,6 +7,8 @@ there is a closed set, the valid choices. Everything else is a bug and keeps its
 
 from __future__ import annotations
 
+import errno
+
 
 class MemfitError(Exception):
     """Base class for failures caused by the user's input; exit status 2."""
@@ -38,3 +40,17 @@ class TrainingDiverged(MemfitError):
     """The loss or the gradient norm became non-finite; exit status 3."""
 
     exit_code = 3
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """True when ``error`` (or an exception it was raised from) is the disk running out of
+    space. torch.save reports it as a RuntimeError whose context is the OSError, and
+    safetensors in the message of its own error type ("os error 28")."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

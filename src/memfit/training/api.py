@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,19 +17,31 @@ from memfit import distributed
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError
 from memfit._utils.sizes import parse_bytes
-from memfit.checkpoint import TrainerState, latest_checkpoint, load_checkpoint
+from memfit.checkpoint import (
+    TrainerState,
+    load_checkpoint,
+    newest_intact_checkpoint,
+    remove_stale_staging,
+)
 from memfit.checkpoint.export import export_trained
 from memfit.config import Config, from_mapping, to_yaml
 from memfit.config.load import read_yaml
+from memfit.config.resume import check_resume_changes
 from memfit.config.schema import AdapterKind
 from memfit.distributed.checkpoint import gathered_state_dict
-from memfit.monitor.memory import RECORD_PEAK_KEY, make_memory_meter
+from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY, make_memory_meter, record_key
 from memfit.monitor.memory_plot import plot_memory
-from memfit.monitor.metrics import MetricsLogger, read_metrics
+from memfit.monitor.metrics import MetricsLogger, read_metrics, strict_json
 from memfit.monitor.progress import ProgressBar
-from memfit.training.build import build_run
+from memfit.training.build import Run, build_run
 from memfit.training.fit import auto_fit, refuse_too_large_preset
 from memfit.training.loop import train_steps
+from memfit.training.run_folder import (
+    check_new_run_folder,
+    create_run_folder,
+    is_run_folder,
+    open_run_folder,
+)
 
 
 @dataclass
@@ -48,18 +59,6 @@ def _as_config(config: Config | dict | str | Path) -> Config:
     if isinstance(config, (str, Path)):
         return from_mapping(read_yaml(config))
     return from_mapping(config)
-
-
-def _new_run_dir(config: Config) -> Path:
-    if config.train.output_dir:
-        run_dir = Path(config.train.output_dir)
-        if (run_dir / "config.yaml").exists():
-            raise ConfigError(
-                f"train.output_dir={run_dir} already holds a run; resume it with "
-                f"--resume {run_dir} or choose another folder"
-            )
-        return run_dir
-    return Path("runs") / time.strftime("%Y%m%d-%H%M%S")
 
 
 def train(config: Config | dict | str | Path, resume: str | Path | None = None) -> RunResult:
@@ -89,34 +88,98 @@ class _SilentLogger:
 def _train(config: Config, resume: str | Path | None) -> RunResult:
     main = distributed.is_main()
     refuse_too_large_preset(config)
+    if resume is not None:
+        _check_resume_config(config, Path(resume))
+    elif main:
+        check_new_run_folder(config.train.output_dir)  # before anything is built
     choice = None
     if config.memory.auto and resume is None:  # a resumed run keeps what was chosen
         config, choice = auto_fit(config)
         print(f"memfit: memory.auto chose {choice['strategy']}: {choice['reason']}",
               file=sys.stderr)
-    run = build_run(config)
-    if resume is not None:
-        run_dir = Path(resume)
-        checkpoint = latest_checkpoint(run_dir)
-        if checkpoint is None:
-            raise ConfigError(f"--resume {run_dir}: no checkpoint under {run_dir / 'checkpoints'}")
-        state = load_checkpoint(checkpoint, run.model, run.optimizer, run.scheduler, run.scaler)
-    else:
-        # Rank 0's choice: a default folder name holds the time, which ranks may disagree on.
-        run_dir = distributed.broadcast_from_main(_new_run_dir(config) if main else None)
-        if main:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        state = TrainerState()
-    header = (f"# memory.auto chose {choice['strategy']}: {choice['reason']}\n"
-              if choice else "")
-    if main:
-        write_text(run_dir / "config.yaml", header + to_yaml(config))
+    folder = None
+    try:
+        if resume is not None:
+            folder = open_run_folder(resume) if main else None
+            checkpoint = distributed.broadcast_from_main(
+                _checkpoint_to_resume(Path(resume)) if main else None)
+        run = build_run(config)
+        if resume is None:
+            folder = create_run_folder(config.train.output_dir) if main else None
+            run_dir = distributed.broadcast_from_main(folder.path if main else None)
+            state, resumed_from = TrainerState(), None
+            if main:
+                header = (f"# memory.auto chose {choice['strategy']}: {choice['reason']}\n"
+                          if choice else "")
+                write_text(run_dir / "config.yaml", header + to_yaml(config))
+        else:
+            run_dir = Path(resume)
+            state, resumed_from = _resume_state(run, checkpoint)
+            if state.step >= run.total_steps and (run_dir / "summary.json").is_file():
+                return _already_finished(run_dir, state)
+            if main:
+                _record_resumed_config(run_dir, config)
+        return _train_in(run, run_dir, state, resumed_from, choice)
+    finally:
+        if folder is not None:
+            folder.close()
 
+
+def _check_resume_config(config: Config, run_dir: Path) -> None:
+    """Refuse, before anything is written, a resume that would change what is trained."""
+    if not is_run_folder(run_dir):
+        raise ConfigError(f"--resume {run_dir}: not a memfit run folder (no config.yaml there)")
+    saved = from_mapping(read_yaml(run_dir / "config.yaml"))
+    check_resume_changes(saved, config, str(run_dir))
+
+
+def _checkpoint_to_resume(run_dir: Path) -> Path | None:
+    remove_stale_staging(run_dir)
+    checkpoint = newest_intact_checkpoint(run_dir)
+    if checkpoint is None:
+        print(f"memfit: {run_dir} has no checkpoint yet; starting it from step 0",
+              file=sys.stderr)
+    return checkpoint
+
+
+def _resume_state(run: Run, checkpoint: Path | None) -> tuple[TrainerState, int]:
+    """The state to continue from, and the step whose records the run folder keeps (-1:
+    none, the run starts again)."""
+    if checkpoint is None:
+        return TrainerState(), -1
+    state = load_checkpoint(checkpoint, run.model, run.optimizer, run.scheduler, run.scaler)
+    # The optimizer holds the lr of the checkpoint's schedule; train.max_steps may have
+    # changed it, so take the current step's lr from the schedule as now configured.
+    run.scheduler.last_epoch -= 1
+    run.scheduler.step()
+    return state, state.step
+
+
+def _already_finished(run_dir: Path, state: TrainerState) -> RunResult:
+    print(f"memfit: {run_dir} already finished at step {state.step}; raise train.max_steps "
+          "to train further", file=sys.stderr)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    return RunResult(run_dir, state.step, summary=summary)
+
+
+def _record_resumed_config(run_dir: Path, config: Config) -> None:
+    """Rewrite config.yaml only when an accepted override changed it, keeping its header."""
+    path = run_dir / "config.yaml"
+    text = path.read_text(encoding="utf-8")
+    if from_mapping(read_yaml(path)) == config:
+        return
+    header = "".join(line for line in text.splitlines(keepends=True) if line.startswith("#"))
+    write_text(path, header + to_yaml(config))
+
+
+def _train_in(run: Run, run_dir: Path, state: TrainerState, resumed_from: int | None,
+              choice: dict[str, Any] | None) -> RunResult:
+    config, main = run.config, distributed.is_main()
     budget = parse_bytes(config.memory.budget) if config.memory.budget else None
     meter = make_memory_meter(run.device, budget, every_n_steps=config.log.memory_every)
     meter.attach(run.model, run.optimizer)
-    logger = MetricsLogger(run_dir, tensorboard=config.log.tensorboard) if main \
-        else _SilentLogger()
+    logger = MetricsLogger(run_dir, config.log.tensorboard, resume_from_step=resumed_from) \
+        if main else _SilentLogger()
     bar = ProgressBar(run.total_steps, state.step, enabled=config.log.progress and main)
     try:
         result = train_steps(run, run_dir, state, logger, meter, on_step=bar.update)
@@ -126,38 +189,52 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
     full_state = gathered_state_dict(run.model)  # collective; None when not sharded
     if not main:
         return RunResult(run_dir, result.state.step, result.losses, result.eval_losses)
-    records = [r for r in read_metrics(run_dir) if RECORD_PEAK_KEY in r]
-    if records:
-        plot_memory(records, run_dir / "memory.png")
+    records = read_metrics(run_dir)
+    measured = [r for r in records if RECORD_PEAK_KEY in r]
+    if measured:
+        plot_memory(measured, run_dir / "memory.png")
     has_adapter = config.adapter.kind is not AdapterKind.NONE
     exported = export_trained(run_dir, run.model, run.tokenizer, has_adapter, run.is_transformers,
                               state_dict=full_state)
-    summary = _summary(run, result, run_dir, exported)
+    summary = _summary(run, result.state, run_dir, exported, records, meter)
     if choice:
         summary["auto_fit"] = choice
-    if meter.peak is not None:
-        summary["memory_peak_bytes"] = meter.peak.peak_bytes
-        summary["memory_peak_by_category"] = dict(meter.peak.by_category)
-    write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+    write_text(run_dir / "summary.json", strict_json(summary, indent=2))
     return RunResult(run_dir, result.state.step, result.losses, result.eval_losses, summary)
 
 
-def _summary(run, result, run_dir: Path, exported: Path) -> dict[str, Any]:
+def _peak(records: list[dict[str, Any]], meter) -> tuple[int, dict[str, int]] | None:
+    """The highest measured step over the whole run: the records of every segment, and
+    this segment's meter (which also saw the steps ``log.every`` did not log)."""
+    found = [(r[RECORD_PEAK_KEY], {c: r.get(record_key(c), 0) for c in CATEGORIES})
+             for r in records if RECORD_PEAK_KEY in r]
+    if meter.peak is not None:
+        found.append((meter.peak.peak_bytes, dict(meter.peak.by_category)))
+    return max(found, key=lambda item: item[0]) if found else None
+
+
+def _summary(run: Run, state: TrainerState, run_dir: Path, exported: Path,
+             records: list[dict[str, Any]], meter) -> dict[str, Any]:
+    """The whole run from step 0, over every resumed segment (from metrics.jsonl)."""
     trainable = sum(p.numel() for p in run.trainable_parameters)
     total = sum(p.numel() for p in run.model.parameters())
-    losses = [result.losses[step] for step in sorted(result.losses)]
-    evals = result.eval_losses
-    return {
+    losses = [r["loss"] for r in records if r.get("loss") is not None]
+    evals = {r["step"]: r["eval_loss"] for r in records if r.get("eval_loss") is not None}
+    summary = {
         "output_dir": str(run_dir),
-        "steps": result.state.step,
+        "steps": state.step,
         "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else None,
         "eval_loss_before": evals.get(0),
         "eval_loss_after": evals[max(evals)] if evals else None,
-        "tokens": result.state.tokens,
-        "train_seconds": result.state.elapsed_seconds,
+        "tokens": state.tokens,
+        "train_seconds": state.elapsed_seconds,
         "trainable_parameters": trainable,
         "total_parameters": total,
         "device": str(run.device),
         "exported": str(exported),
     }
+    peak = _peak(records, meter)
+    if peak is not None:
+        summary["memory_peak_bytes"], summary["memory_peak_by_category"] = peak
+    return summary

@@ -1,0 +1,59 @@
+"""What ``--resume RUN key=value`` may change: only keys that do not change what is being
+trained (how long, how often to save / evaluate / log). Changing the model, the data, the
+optimizer, the learning rate or the seed would make the resumed run a different run
+glued onto the first one's state, so those are refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memfit._utils.errors import ConfigError
+from memfit.config.load import to_mapping
+from memfit.config.schema import Config
+
+# Exact keys, or a whole section written as "log.*".
+RESUMABLE_KEYS = (
+    "train.max_steps",
+    "train.epochs",
+    "train.save_every",
+    "train.eval_every",
+    "train.keep_checkpoints",
+    "train.on_nonfinite",
+    "train.max_consecutive_skips",
+    "distributed.nproc",
+    "log.*",
+)
+
+
+def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat = {}
+    for key, value in mapping.items():
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _resumable(key: str) -> bool:
+    return any(key == allowed or (allowed.endswith(".*") and key.startswith(allowed[:-1]))
+               for allowed in RESUMABLE_KEYS)
+
+
+def changed_keys(saved: Config, resumed: Config) -> list[str]:
+    """The dotted keys whose values differ between two configs."""
+    before, after = _flatten(to_mapping(saved)), _flatten(to_mapping(resumed))
+    return sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
+
+
+def check_resume_changes(saved: Config, resumed: Config, run_dir: str) -> list[str]:
+    """Raise when ``resumed`` changes a key that would make it another run; returns the
+    (resumable) keys it changes."""
+    changed = changed_keys(saved, resumed)
+    refused = [key for key in changed if not _resumable(key)]
+    if refused:
+        raise ConfigError(
+            f"--resume {run_dir} cannot change {', '.join(refused)} (it would no longer be the "
+            f"same run); a resumed run may change only {', '.join(RESUMABLE_KEYS)}; start a new "
+            "run for anything else")
+    return changed

@@ -1,0 +1,171 @@
+"""The run folder: created atomically, owned by one process at a time, never mixed with
+what a user had there.
+
+- A new run gets a folder nobody else has: ``mkdir`` without ``exist_ok`` (a default
+  ``runs/<date>-<time>`` name takes a ``-2``, ``-3`` ... suffix when two runs start in the
+  same second), and a marker file saying memfit made it.
+- ``train.output_dir`` naming an existing folder is accepted only when it is empty, or is
+  a memfit run that stopped before its first checkpoint (it then starts again: only the
+  files memfit writes are removed). A folder with anything else in it is refused before
+  the model is built, and so is one that cannot be created (checked by creating and
+  removing a probe folder in its nearest existing parent).
+- While a process trains in a run folder it holds an exclusive ``flock`` on the folder's
+  lock file, so a second ``train`` or ``--resume`` on a live run is refused in one line.
+  The kernel drops the lock when the process dies, however it dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import memfit
+from memfit._utils.atomic import write_text
+from memfit._utils.errors import ConfigError
+
+MARKER_FILE = "memfit-run.json"
+LOCK_FILE = ".memfit.lock"
+# What a run writes before its first checkpoint: removed when such a run starts again.
+_WRITTEN_BEFORE_FIRST_CHECKPOINT = ("config.yaml", "metrics.jsonl", "tensorboard", "memory.png",
+                                    "checkpoints")
+
+
+def is_run_folder(folder: Path) -> bool:
+    """A folder memfit made (older runs have no marker but always a config and metrics)."""
+    return (folder / MARKER_FILE).is_file() or (
+        (folder / "config.yaml").is_file() and (folder / "metrics.jsonl").is_file())
+
+
+def _has_progress(folder: Path) -> bool:
+    """True once a run has something worth resuming or keeping: a checkpoint or a result."""
+    checkpoints = folder / "checkpoints"
+    saved = checkpoints.is_dir() and any(not path.name.startswith(".")
+                                         for path in checkpoints.iterdir())
+    return saved or any((folder / name).exists()
+                        for name in ("summary.json", "adapter", "model"))
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def check_new_run_folder(output_dir: str | None) -> None:
+    """Refuse, before anything is built or written, a ``train.output_dir`` that a new run
+    could not own: a file, a folder holding other things, a run with progress, or a path
+    that cannot be created."""
+    if not output_dir:
+        return
+    folder = Path(output_dir)
+    key = f"train.output_dir={output_dir}"
+    if folder.exists():
+        if not folder.is_dir():
+            raise ConfigError(f"{key} is a file, not a folder; choose a new or empty folder")
+        if is_run_folder(folder):
+            if _has_progress(folder):
+                raise ConfigError(f"{key} already holds a run; resume it with --resume "
+                                  f"{output_dir} or choose another folder")
+            return  # stopped before its first checkpoint: create_run_folder restarts it
+        contents = sorted(path.name for path in folder.iterdir() if path.name != LOCK_FILE)
+        if contents:
+            shown = ", ".join(contents[:3]) + (", ..." if len(contents) > 3 else "")
+            raise ConfigError(f"{key} already exists and is not a memfit run folder (it holds "
+                              f"{shown}); choose a new or empty folder")
+        return
+    parent = _nearest_existing(folder.parent)
+    if not parent.is_dir():
+        raise ConfigError(f"{key} cannot be created: {parent} is a file, not a folder")
+    try:  # the only sure test of "can I create a folder here" (root ignores mode bits)
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".memfit-probe-"))
+    except OSError as error:
+        raise ConfigError(f"{key} cannot be created in {parent}: {error.strerror}") from None
+
+
+class RunFolder:
+    """A run folder this process holds the lock on (released by ``close`` or at exit)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        handle = (path / LOCK_FILE).open("a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.seek(0)
+            owner = handle.read().strip() or "another process"
+            handle.close()
+            raise ConfigError(f"{path} is in use by a running memfit ({owner}); wait for it to "
+                              "finish or stop it, or choose another folder") from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"pid {os.getpid()}\n")
+        handle.flush()
+        self._lock = handle
+
+    def close(self) -> None:
+        if self._lock is not None:
+            self._lock.close()  # closing the file releases the flock
+            self._lock = None
+
+
+def _make_folder(output_dir: str | None) -> Path:
+    """Create the folder a new run owns; a default name takes a suffix on collision."""
+    if output_dir:
+        folder = Path(output_dir)
+        with contextlib.suppress(FileExistsError):  # empty, or a run to restart: checked
+            folder.mkdir(parents=True)
+        return folder
+    stem = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 1000):
+        folder = stem if attempt == 1 else stem.with_name(f"{stem.name}-{attempt}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise ConfigError(f"could not create a new run folder next to {stem}; set train.output_dir")
+
+
+def create_run_folder(output_dir: str | None) -> RunFolder:
+    """Create (or take over an empty / restartable) run folder, lock it and mark it."""
+    folder = _make_folder(output_dir)
+    run = RunFolder(folder)
+    try:
+        check_new_run_folder(output_dir)  # again, now under the lock
+        if is_run_folder(folder):
+            _remove_unfinished_start(folder)
+        write_text(folder / MARKER_FILE, json.dumps(
+            {"memfit_version": memfit.__version__,
+             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
+    except BaseException:
+        run.close()
+        raise
+    return run
+
+
+def _remove_unfinished_start(folder: Path) -> None:
+    print(f"memfit: {folder} holds a run that stopped before its first checkpoint; "
+          "starting it again", file=sys.stderr)
+    for name in _WRITTEN_BEFORE_FIRST_CHECKPOINT:
+        path = folder / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+
+
+def open_run_folder(path: str | Path) -> RunFolder:
+    """Lock an existing run folder for ``--resume``."""
+    folder = Path(path)
+    if not folder.is_dir() or not is_run_folder(folder):
+        raise ConfigError(f"--resume {path}: not a memfit run folder (no {MARKER_FILE} or "
+                          "config.yaml there)")
+    return RunFolder(folder)
