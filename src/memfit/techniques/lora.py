@@ -28,7 +28,8 @@ CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 # (Llama, GPT-NeoX, BERT, ViT/timm, T5, DistilBERT, Mixtral experts).
 _QUERY = {"q_proj", "query", "q", "q_lin", "wq"}
 _VALUE = {"v_proj", "value", "v", "v_lin", "wv"}
-_FUSED_QKV = {"qkv", "qkv_proj", "c_attn", "query_key_value", "Wqkv", "in_proj"}
+# One Linear computing q, k and v together (ViT/timm, GPT-2, GPT-NeoX, MPT).
+FUSED_QKV = {"qkv", "qkv_proj", "c_attn", "query_key_value", "Wqkv", "in_proj"}
 _ATTENTION_PARENT = re.compile(r"attn|attention", re.IGNORECASE)
 _MLP_PARENT = re.compile(r"mlp|ffn|feed_?forward|intermediate|experts?", re.IGNORECASE)
 _MLP_LEAF = {"gate_proj", "up_proj", "down_proj", "fc1", "fc2", "w1", "w2", "w3", "c_fc",
@@ -65,8 +66,8 @@ def _kind_matches(kind: str, name: str, module: nn.Module, heads: set[str]) -> b
     if kind == "all-linear":
         return True
     if kind == "attention-qv":
-        return leaf in _QUERY | _VALUE | _FUSED_QKV
-    is_attention = (leaf in _QUERY | _VALUE | _FUSED_QKV | {"k_proj", "key", "k", "o_proj"}
+        return leaf in _QUERY | _VALUE | FUSED_QKV
+    is_attention = (leaf in _QUERY | _VALUE | FUSED_QKV | {"k_proj", "key", "k", "o_proj"}
                     or bool(_ATTENTION_PARENT.search(_parent(name))))
     if kind == "attention":
         return is_attention

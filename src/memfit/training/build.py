@@ -35,6 +35,7 @@ from memfit.models.load import LoadedModel, load_model
 from memfit.models.presets import DEMO_BASE
 from memfit.techniques import checkpointing, chunked_loss, lora, quantize
 from memfit.techniques.activation_offload import ActivationOffload
+from memfit.techniques.adapter_map import AdapterMap, adapter_map
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer
 from memfit.techniques.optimizers import build_optimizer
 from memfit.training.objective import Objective
@@ -58,6 +59,7 @@ class Run:
 
     eval_batch_size: int = 0  # 0: train.micro_batch_size; OOM in evaluation halves it
     activation_offload: ActivationOffload | None = None  # made for the device; enabled by config
+    adapter_map: AdapterMap | None = None  # what got adapters; None without adapters
 
     def __post_init__(self) -> None:
         self.eval_batch_size = self.eval_batch_size or self.config.train.micro_batch_size
@@ -150,6 +152,10 @@ def build_run(config: Config) -> Run:
     model, warnings = prepare_model(loaded, config)
     for warning in warnings:
         print(f"memfit: warning: {warning}", file=sys.stderr)
+    adapters = (adapter_map(model, config.adapter)
+                if config.adapter.kind is not AdapterKind.NONE else None)
+    if adapters is not None and distributed.is_main():  # the same on every rank
+        print(adapters.to_text(), file=sys.stderr)
     device = distributed.device()
     if config.distributed.strategy is DistributedStrategy.FSDP:
         model = shard(model, config, device)
@@ -174,4 +180,5 @@ def build_run(config: Config) -> Run:
                             if config.model.task is Task.AUTOENCODER else None),
         optimizer=optimizer, scheduler=scheduler,
         scaler=grad_scaler(config.precision, device), device=device, total_steps=total_steps,
+        adapter_map=adapters,
     )
