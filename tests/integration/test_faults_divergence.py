@@ -30,8 +30,7 @@ def train(tmp_path: Path, name: str, factory: str, *overrides: str):
 
 
 def checkpoints(run_dir: Path) -> list[str]:
-    folder = run_dir / "checkpoints"
-    return sorted(path.name for path in folder.iterdir()) if folder.is_dir() else []
+    return sorted(path.name for path in run_dir.glob("checkpoints/step-*"))
 
 
 def assert_saved_weights_finite(run_dir: Path) -> None:
