@@ -304,7 +304,8 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
         if meter.last_step is not None:
             record.update(meter.last_step.to_record())
         record.update(_host_bytes(run))
-        unsound = verdict is not Verdict.APPLY  # always in the record, whatever log.every
+        # A skipped or diverged step is logged whatever log.every: it explains the outcome.
+        unsound = verdict is not Verdict.APPLY
         if unsound or step % run.config.log.every == 0 or step == run.total_steps:
             logger.log(record)
         if verdict is Verdict.STOP:
