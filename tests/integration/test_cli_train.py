@@ -33,7 +33,8 @@ def test_full_fine_tune_writes_a_complete_run_folder(tmp_path: Path, instruction
     assert [event.step for event in events.Scalars("train/loss")] == [1, 2, 3, 4, 5, 6]
     assert [event.step for event in events.Scalars("eval/eval_loss")] == [0, 3, 6]
 
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step-4", "step-6"]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
+        "index.json", "step-4", "step-6"]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == 6 and summary["eval_loss_after"] < summary["eval_loss_before"]
 
