@@ -54,7 +54,7 @@ class AdapterMap:
 
     def to_text(self) -> str:
         modules = sum(group.modules for group in self.adapted)
-        lines = [f"memfit: adapters on {modules} modules (adapter.targets="
+        lines = [f"adapters on {modules} modules (adapter.targets="
                  f"{','.join(self.targets)}):"]
         for group in self.adapted:
             fused = "; q,k,v fused: all three adapted" if group.fused_qkv else ""

@@ -155,7 +155,7 @@ def build_run(config: Config) -> Run:
     adapters = (adapter_map(model, config.adapter)
                 if config.adapter.kind is not AdapterKind.NONE else None)
     if adapters is not None and distributed.is_main():  # the same on every rank
-        print(adapters.to_text(), file=sys.stderr)
+        print(f"memfit: {adapters.to_text()}", file=sys.stderr)
     device = distributed.device()
     if config.distributed.strategy is DistributedStrategy.FSDP:
         model = shard(model, config, device)

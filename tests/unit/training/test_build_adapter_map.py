@@ -28,7 +28,7 @@ def test_build_run_prints_the_adapter_map_and_keeps_it(rows, capsys):
     run = build_run(tiny_llama(rows, "adapter.kind=lora", "adapter.targets=[attention-qv]"))
     printed = capsys.readouterr().err
     assert run.adapter_map is not None
-    assert run.adapter_map.to_text() in printed
+    assert f"memfit: {run.adapter_map.to_text()}" in printed
     assert [group.pattern for group in run.adapter_map.adapted] == [
         "model.layers.*.self_attn.q_proj", "model.layers.*.self_attn.v_proj"]
     assert run.adapter_map.trainable_parameters == sum(p.numel()
@@ -38,4 +38,4 @@ def test_build_run_prints_the_adapter_map_and_keeps_it(rows, capsys):
 def test_build_run_without_adapters_has_no_map(rows, capsys):
     run = build_run(tiny_llama(rows))
     assert run.adapter_map is None
-    assert "adapters on" not in capsys.readouterr().err
+    assert "memfit: adapters on" not in capsys.readouterr().err
