@@ -105,11 +105,14 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def from_mapping(raw: dict[str, Any] | None) -> Config:
-    """Build and validate a Config from a raw mapping (YAML or Python)."""
+    """Build and validate a Config from a raw mapping (YAML or Python); warns about the
+    keys it sets that the rest of the config ignores."""
+    from memfit.config.ignored import warn_ignored_keys
     from memfit.config.validate import validate
 
     config = build_unvalidated(Config, raw or {}, prefix="")
     validate(config)
+    warn_ignored_keys(config, raw or {})
     return config
 
 

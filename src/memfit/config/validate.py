@@ -7,12 +7,16 @@ never silently ignored; each such line is removed when the feature lands.
 
 from __future__ import annotations
 
+import math
+
 from memfit._utils.errors import ConfigError
 from memfit._utils.sizes import parse_bytes
 from memfit.config.schema import (
+    AdapterKind,
     Config,
     DataFormat,
     DistributedStrategy,
+    ModelDtype,
     NonfiniteAction,
     OptimizerName,
     Precision,
@@ -71,25 +75,47 @@ def _check_numbers(config: Config) -> None:
         "train.warmup_steps": config.train.warmup_steps,
         "train.eval_every": config.train.eval_every,
         "train.save_every": config.train.save_every,
-        "optimizer.weight_decay": config.optimizer.weight_decay,
-        "adapter.dropout": config.adapter.dropout,
     }
     for key, value in non_negative.items():
         if value < 0:
             raise ConfigError(f"{key} must be 0 or more, got {value}")
-    if config.optimizer.lr <= 0:
-        raise ConfigError(f"optimizer.lr must be positive, got {config.optimizer.lr}")
-    if not 0 <= config.data.eval_fraction < 1:
-        raise ConfigError(f"data.eval_fraction must be in [0, 1), got {config.data.eval_fraction}")
-    if config.train.max_steps is None and config.train.epochs <= 0:
-        raise ConfigError(f"train.epochs must be positive, got {config.train.epochs}")
-    if config.train.max_grad_norm is not None and config.train.max_grad_norm <= 0:
-        raise ConfigError("train.max_grad_norm must be positive, or null to disable clipping")
+    for key, value, (inside, valid) in _float_domains(config):
+        # Written as "not inside": nan compares false both ways, so `value < 0` lets it pass.
+        if not (math.isfinite(value) and inside(value)):
+            raise ConfigError(f"{key} must be {valid}, got {value}")
+    betas = config.optimizer.betas
+    if not all(math.isfinite(beta) and 0 <= beta < 1 for beta in betas):
+        raise ConfigError(
+            f"optimizer.betas must be two numbers each in [0, 1), got [{betas[0]}, {betas[1]}]")
     if config.memory.budget is not None:
         try:
-            parse_bytes(config.memory.budget)
+            budget = parse_bytes(config.memory.budget)
         except ValueError as error:
             raise ConfigError(f"memory.budget: {error}") from None
+        if budget <= 0:
+            raise ConfigError(f"memory.budget must be above 0 bytes, got {config.memory.budget}")
+
+_ABOVE_ZERO = (lambda value: value > 0, "above 0 and finite")
+_ZERO_OR_MORE = (lambda value: value >= 0, "0 or more and finite")
+_FRACTION = (lambda value: 0 <= value < 1, "in [0, 1)")
+
+
+def _float_domains(config: Config):
+    """Every float key of schema.py with its valid range: (key, value, (test, words))."""
+    domains = [
+        ("optimizer.lr", config.optimizer.lr, _ABOVE_ZERO),
+        ("optimizer.eps", config.optimizer.eps, _ABOVE_ZERO),
+        ("optimizer.weight_decay", config.optimizer.weight_decay, _ZERO_OR_MORE),
+        ("optimizer.galore.scale", config.optimizer.galore.scale, _ABOVE_ZERO),
+        ("adapter.alpha", config.adapter.alpha, _ABOVE_ZERO),
+        ("adapter.dropout", config.adapter.dropout, _FRACTION),
+        ("data.eval_fraction", config.data.eval_fraction, _FRACTION),
+        ("train.epochs", config.train.epochs, _ABOVE_ZERO),
+    ]
+    if config.train.max_grad_norm is not None:
+        domains.append(("train.max_grad_norm", config.train.max_grad_norm,
+                        (_ABOVE_ZERO[0], "above 0 and finite, or null to disable clipping")))
+    return domains
 
 
 def _check_combinations(config: Config) -> None:
@@ -130,6 +156,15 @@ def _check_combinations(config: Config) -> None:
             f"precision=bf16-pure needs optimizer.name adamw or galore (they update bf16 "
             f"weights with stochastic rounding), not {config.optimizer.name}"
         )
+    if config.model.dtype is ModelDtype.FLOAT16 and config.precision is Precision.BF16_PURE:
+        raise ConfigError("model.dtype=float16 contradicts precision=bf16-pure, which trains "
+                          "bfloat16 weights; drop model.dtype or use precision=fp16")
+    if (config.model.dtype is ModelDtype.FLOAT16 and config.precision is Precision.FP16
+            and config.adapter.kind is AdapterKind.NONE):
+        raise ConfigError(
+            "model.dtype=float16 with precision=fp16 and adapter.kind=none trains float16 "
+            "weights, whose gradients the fp16 gradient scaler refuses to unscale; keep "
+            "model.dtype=float32 (autocast computes in float16) or train adapters")
     if config.memory.budget is not None and config.log.memory_every != 1:
         raise ConfigError("memory.budget needs log.memory_every=1 (every step is checked)")
     if config.memory.auto and config.memory.budget is None:

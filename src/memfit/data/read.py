@@ -20,6 +20,7 @@ from typing import Any
 import datasets
 
 from memfit._utils.errors import DataError
+from memfit.data.text_checks import check_utf8, json_problem
 
 # File extension -> the `datasets` builder that reads it. ".npz"/".pt" are tensors
 # (see tensors.py) and never go through `datasets`.
@@ -30,6 +31,8 @@ ROW_BUILDERS = {
     ".parquet": "parquet",
     ".txt": "text",
 }
+# Builders reading text, which must be UTF-8 (parquet is binary).
+TEXT_BUILDERS = ("json", "csv", "text")
 TENSOR_EXTENSIONS = (".npz", ".pt")
 SUPPORTED_EXTENSIONS = (*ROW_BUILDERS, *TENSOR_EXTENSIONS)
 _SUPPORTED = ", ".join(SUPPORTED_EXTENSIONS) + ", or a datasets.save_to_disk folder"
@@ -109,7 +112,7 @@ def read_rows(files: Sequence[str], txt_field: str) -> list[RowSource]:
 
     ``txt_field`` names the column that a .txt file's paragraphs go into.
     """
-    with _progress_bars_off():
+    with _datasets_quiet():
         sources = [RowSource(file, _read_one(file, txt_field)) for file in files]
     for source in sources:
         if len(source.table) == 0:
@@ -141,14 +144,18 @@ def iter_rows(sources: Sequence[RowSource], indices: Sequence[int]) -> Iterator[
 
 
 @contextlib.contextmanager
-def _progress_bars_off() -> Iterator[None]:
-    # `datasets` draws "Generating train split" bars on stderr, where the CLI promises
-    # exactly one line for a bad-input error; reading local files is quick anyway.
+def _datasets_quiet() -> Iterator[None]:
+    # `datasets` draws "Generating train split" bars and logs "Failed to read file ..." on
+    # stderr, where the CLI promises exactly one line for a bad-input error (the DataError
+    # says what failed); reading local files is quick anyway.
     already_off = datasets.are_progress_bars_disabled()
+    verbosity = datasets.logging.get_verbosity()
     datasets.disable_progress_bars()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     try:
         yield
     finally:
+        datasets.logging.set_verbosity(verbosity)
         if not already_off:
             datasets.enable_progress_bars()
 
@@ -157,10 +164,15 @@ def _read_one(file: str, txt_field: str) -> datasets.Dataset:
     if os.path.isdir(file):
         return _load_saved(file)
     builder = ROW_BUILDERS[_extension(file)]
+    if builder in TEXT_BUILDERS:
+        check_utf8(file)
     options: dict[str, Any] = {"sample_by": "paragraph"} if builder == "text" else {}
     try:
         table = datasets.load_dataset(builder, data_files=file, split="train", **options)
     except Exception as error:  # any failure to parse is the file's to fix
+        problem = json_problem(file) if builder == "json" else None
+        if problem is not None:
+            raise DataError(f"data file {file}: {problem}") from error
         raise DataError(
             f"cannot read data file {file} as {builder}: {_root_cause(error)}"
         ) from error

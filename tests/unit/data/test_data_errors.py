@@ -29,9 +29,9 @@ def test_blank_text_file_has_no_rows(tmp_path, tokenizer, cfg):
         build_datasets(cfg(tmp_path / "blank.txt", "text"), tokenizer)
 
 
-def test_unparsable_file_names_the_path(tmp_path, tokenizer, cfg):
-    (tmp_path / "bad.jsonl").write_text('{"text": 1\n')
-    with pytest.raises(DataError, match=r"cannot read data file .*bad.jsonl as json: "):
+def test_unparsable_file_names_the_path_and_line(tmp_path, tokenizer, cfg):
+    (tmp_path / "bad.jsonl").write_text('{"text": "a"}\n{"text": 1\n')
+    with pytest.raises(DataError, match=r"data file .*bad.jsonl: line 2 is not valid JSON: "):
         build_datasets(cfg(tmp_path / "bad.jsonl", "text"), tokenizer)
 
 

@@ -1,0 +1,134 @@
+"""Keys that are set but have no effect under the rest of the config: each gets one
+warning naming the key, its value and why, so a choice never silently does nothing.
+(Combinations that cannot work at all are errors, in validate.py.)
+
+A key counts as set when the user's mapping names it. A config.yaml that memfit wrote
+(read back by ``--resume``) names every key, so in a mapping that names every key only
+the values that differ from the default count as the user's choices.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Collection, Mapping
+from typing import Any
+
+from memfit.config.load import to_mapping
+from memfit.config.schema import (
+    AdapterKind,
+    BaseQuantization,
+    Config,
+    DataFormat,
+    GaloreProjector,
+    NonfiniteAction,
+    OptimizerName,
+    Precision,
+    Task,
+)
+
+
+class IgnoredKeyWarning(UserWarning):
+    """A key was set, but the rest of the config makes it do nothing."""
+
+
+_ADAPTER_KEYS = ("adapter.rank", "adapter.alpha", "adapter.dropout", "adapter.targets",
+                 "adapter.restrict_to", "adapter.rslora", "adapter.dora",
+                 "adapter.trainable_modules", "adapter.quantization", "adapter.double_quant",
+                 "adapter.frozen_in_compute_dtype")
+
+# (keys, when they are ignored, why). A key ending in ".*" stands for its whole section.
+_RULES: list[tuple[tuple[str, ...], Callable[[Config], bool], Callable[[Config], str]]] = [
+    (_ADAPTER_KEYS, lambda c: c.adapter.kind is AdapterKind.NONE,
+     lambda c: "adapter.kind=none trains the weights themselves, without adapters"),
+    (("adapter.quantization", "adapter.double_quant"),
+     lambda c: c.adapter.kind is AdapterKind.LORA,
+     lambda c: "only adapter.kind=qlora quantizes the frozen base"),
+    (("adapter.double_quant",),
+     lambda c: (c.adapter.kind is AdapterKind.QLORA
+                and c.adapter.quantization is BaseQuantization.INT8),
+     lambda c: "it quantizes nf4's block scales, and adapter.quantization=int8 has none"),
+    (("adapter.frozen_in_compute_dtype",),
+     lambda c: (c.adapter.kind is not AdapterKind.NONE
+                and c.precision not in (Precision.BF16, Precision.FP16)),
+     lambda c: f"it applies with precision=bf16 or fp16, not {c.precision}"),
+    (("optimizer.galore.*",), lambda c: c.optimizer.name is not OptimizerName.GALORE,
+     lambda c: f"optimizer.name={c.optimizer.name}, not galore"),
+    (("optimizer.galore.layerwise_refresh",),
+     lambda c: c.optimizer.name is OptimizerName.GALORE and not c.optimizer.layerwise,
+     lambda c: "it applies with optimizer.layerwise=true"),
+    (("optimizer.galore.project_in_backward",),
+     lambda c: (c.optimizer.name is OptimizerName.GALORE and c.optimizer.galore.projector
+                in (GaloreProjector.ONLINE, GaloreProjector.RANDOM)),
+     lambda c: f"optimizer.galore.projector={c.optimizer.galore.projector} needs every full "
+               "gradient (it applies with svd or randomized_svd)"),
+    (("optimizer.betas", "optimizer.eps"),
+     lambda c: c.optimizer.name in (OptimizerName.SGD, OptimizerName.ADAFACTOR),
+     lambda c: f"optimizer.name={c.optimizer.name} has no Adam moments"),
+    (("memory.loss_chunk_tokens",), lambda c: not c.memory.chunked_loss,
+     lambda c: "it applies with memory.chunked_loss=true"),
+    (("memory.checkpoint_modules", "memory.checkpoint_every"),
+     lambda c: not c.memory.gradient_checkpointing,
+     lambda c: "it applies with memory.gradient_checkpointing=true"),
+    (("train.epochs",), lambda c: c.train.max_steps is not None,
+     lambda c: f"train.max_steps={c.train.max_steps} decides how long the run is"),
+    (("train.max_consecutive_skips",),
+     lambda c: c.train.on_nonfinite is not NonfiniteAction.SKIP,
+     lambda c: f"it applies with train.on_nonfinite=skip, not {c.train.on_nonfinite}"),
+    (("data.pack", "data.text_field"), lambda c: c.data.format is not DataFormat.TEXT,
+     lambda c: f"it applies with data.format=text, not {c.data.format}"),
+    (("data.images.*",), lambda c: c.data.format is not DataFormat.IMAGES,
+     lambda c: f"it applies with data.format=images, not {c.data.format}"),
+    (("model.reconstruction_loss",), lambda c: c.model.task is not Task.AUTOENCODER,
+     lambda c: f"it applies with model.task=autoencoder, not {c.model.task}"),
+]
+
+
+def warn_ignored_keys(config: Config, raw: Mapping[str, Any]) -> None:
+    """One IgnoredKeyWarning per key that ``raw`` (the mapping ``config`` was built
+    from) sets and ``config`` ignores."""
+    for message in ignored_keys(config, chosen_keys(config, raw)):
+        warnings.warn(message, IgnoredKeyWarning, stacklevel=3)
+
+
+def ignored_keys(config: Config, chosen: Collection[str]) -> list[str]:
+    """'KEY=VALUE is ignored: WHY' for each of the ``chosen`` dotted keys ``config`` ignores
+    (the first reason that applies)."""
+    values = flatten(to_mapping(config))
+    messages = []
+    for key in sorted(chosen):
+        for patterns, ignored, why in _RULES:
+            if ignored(config) and any(_matches(key, pattern) for pattern in patterns):
+                messages.append(f"{key}={_show(values[key])} is ignored: {why(config)}")
+                break
+    return messages
+
+
+def chosen_keys(config: Config, raw: Mapping[str, Any]) -> set[str]:
+    """The dotted keys of ``raw`` that are the user's choices (see the module docstring)."""
+    given = set(flatten(raw))
+    defaults = flatten(to_mapping(Config()))
+    if not given >= defaults.keys():
+        return given
+    values = flatten(to_mapping(config))
+    return {key for key in given if values.get(key) != defaults.get(key)}
+
+
+def flatten(mapping: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}``."""
+    flat: dict[str, Any] = {}
+    for key, value in mapping.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _matches(key: str, pattern: str) -> bool:
+    return key.startswith(pattern[:-1]) if pattern.endswith(".*") else key == pattern
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(str(item) for item in value) + "]"
+    return str(value).lower() if isinstance(value, bool) else str(value)
