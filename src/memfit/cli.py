@@ -99,6 +99,7 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         ("tensorboard/", f"events: tensorboard --logdir {run_dir}"),
         ("checkpoints/", f"resumable state: memfit train --resume {run_dir}"),
         ("memory.png", "memory by category over the steps"),
+        ("adapters.txt", "which modules got adapters, and what trains"),
         (Path(summary["exported"]).name + "/", "the trained weights"),
         ("summary.json", "this summary"),
     ]:

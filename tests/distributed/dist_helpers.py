@@ -46,10 +46,15 @@ def run_config(tmp_path: Path, name: str, data: Path, **sections: dict | str) ->
     return path
 
 
-def memfit(*arguments: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+def memfit_environment() -> dict[str, str]:
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
     # The factory module of the failing-rank test is importable by every worker.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), env.get("PYTHONPATH")]))
+    return env
+
+
+def memfit(*arguments: str, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "memfit", *arguments], cwd=cwd,
-                          capture_output=True, text=True, env=env, timeout=timeout)
+                          capture_output=True, text=True, env=memfit_environment(),
+                          timeout=timeout)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+import time
 from pathlib import Path
 
 import torch
@@ -47,3 +48,15 @@ def nan_on_rank_one() -> nn.Module:
 
 def sigterm_on_rank_one() -> nn.Module:
     return FaultOnRankOne("sigterm")
+
+
+class SlowRegressor(FaultOnRankOne):
+    """No fault of its own: slow enough for a signal sent from outside to land mid-run."""
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.05)
+        return super().forward(inputs, targets)
+
+
+def slow_regressor() -> nn.Module:
+    return SlowRegressor("none")

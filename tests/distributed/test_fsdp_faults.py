@@ -5,11 +5,16 @@ guard against such a hang."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from dist_helpers import memfit
+from dist_helpers import memfit, memfit_environment
 
 from memfit.monitor.metrics import losses_by_step, read_metrics
 
@@ -63,3 +68,25 @@ def test_sigterm_to_one_rank_saves_that_step_on_every_rank_then_resumes(tmp_path
     assert resumed.returncode == 0, resumed.stderr
     assert sorted(losses_by_step(read_metrics(run))) == [1, 2, 3, 4, 5, 6]
     assert (run / "summary.json").is_file()
+
+
+def test_sigterm_to_the_launcher_stops_the_job_like_one_process(tmp_path: Path):
+    """`memfit train --nproc 2` itself gets SIGTERM (a scheduler preempting the job): it
+    passes it on and waits, the workers save the step they reach, and the job exits 143."""
+    run = tmp_path / "run"
+    config = config_file(tmp_path, "slow_regressor")
+    config.write_text(config.read_text().replace("max_steps: 6", "max_steps: 400"))
+    launcher = subprocess.Popen([sys.executable, "-m", "memfit", "train", str(config),
+                                 "--nproc", "2"], cwd=tmp_path, env=memfit_environment(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while len(losses_by_step(read_metrics(run))) < 2:
+        assert launcher.poll() is None and time.monotonic() < deadline, launcher.stderr.read()
+        time.sleep(0.05)
+    os.kill(launcher.pid, signal.SIGTERM)
+    stderr = launcher.communicate(timeout=240)[1]
+    assert launcher.returncode == 143, stderr
+    stops = lines_from_both_ranks(stderr, "memfit: stopped by SIGTERM after step ")
+    step = int(stops[0].split("after step ")[1].split(";")[0])
+    assert (run / "checkpoints" / f"step-{step}").is_dir()
+    assert not (run / "summary.json").exists()

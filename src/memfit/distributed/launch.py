@@ -10,6 +10,7 @@ shared stderr), the others are stopped and the job exits non-zero;
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 
@@ -23,8 +24,29 @@ def should_launch(config: Config) -> bool:
 
 
 def launch(nproc: int, memfit_arguments: list[str]) -> int:
-    """Run ``python -m memfit <memfit_arguments>`` as ``nproc`` workers; their exit status."""
+    """Run ``python -m memfit <memfit_arguments>`` as ``nproc`` workers; their exit status.
+
+    A stop request is the workers' to handle (they save at the next step boundary), so this
+    process waits for them instead of killing torchrun: SIGTERM is passed on to torchrun,
+    which passes it to the workers; Ctrl-C (SIGINT) already reaches every process of the
+    terminal's group. A job stopped that way exits 128 + the signal, as a single process does.
+    """
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc-per-node={nproc}", "--max-restarts=0",
                "-m", "memfit", *memfit_arguments]
-    return subprocess.run(command, check=False).returncode
+    torchrun = subprocess.Popen(command)
+    received: list[int] = []
+
+    def on_signal(number: int, frame) -> None:
+        received.append(number)
+        if number == signal.SIGTERM:
+            torchrun.send_signal(number)
+
+    previous = {number: signal.signal(number, on_signal)
+                for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        status = torchrun.wait()
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    return 128 + received[0] if received and status != 0 else status

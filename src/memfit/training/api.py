@@ -112,6 +112,7 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
                 header = (f"# memory.auto chose {choice['strategy']}: {choice['reason']}\n"
                           if choice else "")
                 write_text(run_dir / "config.yaml", header + to_yaml(config))
+                _write_adapter_map(run, run_dir)
         else:
             run_dir = Path(resume)
             state, resumed_from = _resume_state(run, checkpoint)
@@ -123,6 +124,14 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
     finally:
         if folder is not None:
             folder.close()
+
+
+def _write_adapter_map(run: Run, run_dir: Path) -> None:
+    """Which modules got adapters and what trains: ``adapters.txt`` (as printed) and
+    ``adapters.json``."""
+    if run.adapter_map is not None:
+        write_text(run_dir / "adapters.txt", run.adapter_map.to_text() + "\n")
+        write_text(run_dir / "adapters.json", json.dumps(run.adapter_map.to_json(), indent=2))
 
 
 def _check_resume_config(config: Config, run_dir: Path) -> None:
@@ -150,8 +159,10 @@ def _resume_state(run: Run, checkpoint: Path | None) -> tuple[TrainerState, int]
     state = load_checkpoint(checkpoint, run.model, run.optimizer, run.scheduler, run.scaler)
     # The optimizer holds the lr of the checkpoint's schedule; train.max_steps may have
     # changed it, so take the current step's lr from the schedule as now configured.
-    run.scheduler.last_epoch -= 1
-    run.scheduler.step()
+    scheduler = run.scheduler  # a LambdaLR (training/schedule.py)
+    for group, base_lr, factor in zip(run.optimizer.param_groups, scheduler.base_lrs,
+                                      scheduler.lr_lambdas, strict=True):
+        group["lr"] = base_lr * factor(scheduler.last_epoch)
     return state, state.step
 
 
