@@ -83,6 +83,13 @@ def _restore_rng(state: dict) -> None:
     np.random.set_state((name, keys.numpy().astype(np.uint32), *rest))
 
 
+def _save_torch(value, path: Path) -> None:
+    """``torch.save`` through a Python file, so that a full disk surfaces as the OSError
+    (ENOSPC) behind torch's RuntimeError instead of a bare "unexpected pos"."""
+    with path.open("wb") as handle:
+        torch.save(value, handle)
+
+
 def save_checkpoint(run_dir: Path, state: TrainerState, model: nn.Module, optimizer, scheduler,
                     scaler, keep: int) -> Path:
     root = run_dir / "checkpoints"
@@ -93,16 +100,16 @@ def save_checkpoint(run_dir: Path, state: TrainerState, model: nn.Module, optimi
           else staged_folder(final)) as folder:
         if sharded:  # collective: every rank writes its shards
             sharded_checkpoint.save(folder, model, optimizer)
-            torch.save(_rng_state(), folder / f"rng-{distributed.rank()}.pt")
+            _save_torch(_rng_state(), folder / f"rng-{distributed.rank()}.pt")
         else:
             save_file(trainable_state(model), folder / "trainable.safetensors")
             save_file(buffer_state(model), folder / "buffers.safetensors")
-            torch.save(optimizer.state_dict(), folder / "optimizer.pt")
-            torch.save(_rng_state(), folder / "rng.pt")
+            _save_torch(optimizer.state_dict(), folder / "optimizer.pt")
+            _save_torch(_rng_state(), folder / "rng.pt")
         if distributed.is_main():
-            torch.save(scheduler.state_dict(), folder / "scheduler.pt")
+            _save_torch(scheduler.state_dict(), folder / "scheduler.pt")
             if scaler is not None:
-                torch.save(scaler.state_dict(), folder / "scaler.pt")
+                _save_torch(scaler.state_dict(), folder / "scaler.pt")
             (folder / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
         distributed.barrier()  # every rank's files are complete before they are hashed
         if distributed.is_main():
