@@ -8,7 +8,9 @@ never a folder the user put in ``checkpoints/`` by hand::
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 
 from memfit._utils.atomic import write_text
@@ -59,12 +61,21 @@ def refuse_foreign(final: Path) -> None:
                               f"{final.parent} (memfit never replaces folders it did not write)")
 
 
+def _delete(folder: Path) -> None:
+    """Renamed to a staging name first: a kill mid-delete leaves a folder that
+    ``remove_stale_staging`` clears, never a half-deleted ``step-N``."""
+    retired = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.old."))
+    os.rename(folder, retired / folder.name)
+    shutil.rmtree(retired)
+
+
 def prune(root: Path, keep: int) -> None:
     """Delete all but the newest ``keep`` step folders this run saved; folders it did not
     save are never touched (nor counted)."""
     names = saved_by_this_run(root)
     removed = names[:-keep]
     for name in removed:
-        shutil.rmtree(root / name, ignore_errors=True)
+        if (root / name).is_dir():
+            _delete(root / name)
     if removed:
         _write(root, [name for name in names if name not in removed])
