@@ -129,3 +129,23 @@ def test_a_single_process_checkpoint_is_never_read_through_dcp(tmp_path: Path):
     assert not marker.exists()
     for expected, loaded in zip(model.parameters(), again[0].parameters(), strict=True):
         torch.testing.assert_close(loaded, expected, rtol=0, atol=0)
+
+
+def test_merge_reads_a_sharded_checkpoint_only_once_verified_and_safely(tmp_path: Path):
+    """``load_trainable`` (what ``memfit merge`` consolidates) refuses the same plant, and
+    an unsealed change to the folder before reading anything."""
+    marker = tmp_path / "ran"
+    model, optimizer, scheduler = _training()
+    folder = _sharded(tmp_path, model, optimizer, scheduler)
+    plain = _training(seed=1)[0]
+    sharded_checkpoint.load_trainable(folder, plain)
+    for expected, loaded in zip(model.parameters(), plain.parameters(), strict=True):
+        torch.testing.assert_close(loaded, expected, rtol=0, atol=0)
+
+    (folder / ".metadata").write_bytes(pickle.dumps(Plant(marker)))
+    with pytest.raises(CheckpointError, match=r"is damaged \(\.metadata: "):
+        sharded_checkpoint.load_trainable(folder, plain)
+    _reseal(folder, CheckpointKind.SHARDED)
+    with pytest.raises(CheckpointError, match=r"\.metadata: refused"):
+        sharded_checkpoint.load_trainable(folder, plain)
+    assert not marker.exists()
