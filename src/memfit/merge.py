@@ -23,7 +23,7 @@ from torch import nn
 
 from memfit._utils.atomic import staged_folder
 from memfit._utils.errors import ConfigError
-from memfit.checkpoint import latest_checkpoint
+from memfit.checkpoint import newest_intact_checkpoint
 from memfit.checkpoint.export import save_model
 from memfit.config import Config, from_mapping
 from memfit.config.load import read_yaml
@@ -42,7 +42,7 @@ def merged_model(run_dir: Path) -> tuple[nn.Module, object | None, bool]:
     if not config_path.is_file():
         raise ConfigError(f"memfit merge {run_dir}: no config.yaml there (not a run folder)")
     config = from_mapping(read_yaml(config_path))
-    checkpoint = latest_checkpoint(run_dir)
+    checkpoint = newest_intact_checkpoint(run_dir)
     if (config.adapter.kind is AdapterKind.NONE and checkpoint is not None
             and is_sharded_checkpoint(checkpoint)):
         return _consolidated(config, checkpoint)

@@ -243,6 +243,20 @@ def test_resume_refuses_changes_to_what_is_trained(tmp_path: Path, override: str
     assert tree_digest(run) == before
 
 
+def test_resume_may_split_the_same_effective_batch_differently(tmp_path: Path):
+    run = tmp_path / "run"
+    train_regression(tmp_path, run, max_steps=2, lr_schedule="constant")
+    reference = tmp_path / "reference"
+    train_regression(tmp_path, reference, max_steps=4, lr_schedule="constant")
+    result = run_in_process("train", "--resume", str(run), "train.max_steps=4",
+                            "train.micro_batch_size=2", "train.gradient_accumulation_steps=2",
+                            cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    resumed, expected = ({r["step"]: r["loss"] for r in read_metrics(folder) if "loss" in r}
+                         for folder in (run, reference))
+    assert resumed == pytest.approx(expected, rel=1e-5)
+
+
 def test_resume_applies_accepted_overrides(tmp_path: Path):
     run = tmp_path / "run"
     train_regression(tmp_path, run)

@@ -21,12 +21,17 @@ def _default_mode(directory: bool) -> int:
 
 def write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.",
-                                     suffix=".tmp", delete=False, encoding="utf-8") as handle:
-        handle.write(text)
-        temporary = Path(handle.name)
-    os.chmod(temporary, _default_mode(directory=False))
-    os.replace(temporary, path)
+    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.",
+                                         suffix=".tmp", delete=False, encoding="utf-8")
+    temporary = Path(handle.name)
+    try:
+        with handle:
+            handle.write(text)
+        os.chmod(temporary, _default_mode(directory=False))
+        os.replace(temporary, path)
+    except BaseException:  # a full disk, a kill: leave no temporary file behind
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 @contextlib.contextmanager

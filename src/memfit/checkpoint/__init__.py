@@ -3,10 +3,9 @@
 from memfit.checkpoint.folders import newest_intact_checkpoint, remove_stale_staging
 from memfit.checkpoint.state import (
     TrainerState,
-    latest_checkpoint,
     load_checkpoint,
     save_checkpoint,
 )
 
-__all__ = ["TrainerState", "latest_checkpoint", "load_checkpoint", "newest_intact_checkpoint",
+__all__ = ["TrainerState", "load_checkpoint", "newest_intact_checkpoint",
            "remove_stale_staging", "save_checkpoint"]

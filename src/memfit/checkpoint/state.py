@@ -36,7 +36,6 @@ from memfit._utils.atomic import staged_folder
 from memfit._utils.errors import CheckpointError, ConfigError
 from memfit._utils.weights_only import load_weights_only
 from memfit.checkpoint import index
-from memfit.checkpoint.folders import checkpoint_folders
 from memfit.checkpoint.manifest import CheckpointKind, Manifest, verify_checkpoint, write_manifest
 from memfit.distributed import checkpoint as sharded_checkpoint
 from memfit.distributed.fsdp import is_sharded
@@ -119,13 +118,6 @@ def save_checkpoint(run_dir: Path, state: TrainerState, model: nn.Module, optimi
     if distributed.is_main():
         index.prune(root, keep)
     return final
-
-
-def latest_checkpoint(run_dir: Path) -> Path | None:
-    """The newest checkpoint folder by name, intact or not (``newest_intact_checkpoint``
-    chooses what to resume from)."""
-    found = checkpoint_folders(run_dir)
-    return found[-1] if found else None
 
 
 def _listed(folder: Path, manifest: Manifest, name: str) -> Path:

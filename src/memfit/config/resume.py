@@ -1,5 +1,6 @@
 """What ``--resume RUN key=value`` may change: only keys that do not change what is being
-trained (how long, how often to save / evaluate / log). Changing the model, the data, the
+trained (how long, how often to save / evaluate / log, how a step's batch is split over
+processes and micro-batches). Changing the model, the data, the
 optimizer, the learning rate or the seed would make the resumed run a different run
 glued onto the first one's state, so those are refused."""
 
@@ -46,14 +47,29 @@ def changed_keys(saved: Config, resumed: Config) -> list[str]:
     return sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
 
 
+# How an optimizer step's examples are split: over processes, micro-batches and passes.
+# Any split of the same effective batch trains the same steps on the same examples (the
+# batch stream counts global examples and the loss is normalised over the whole step).
+_BATCH_SPLIT_KEYS = ("train.micro_batch_size", "train.gradient_accumulation_steps",
+                     "distributed.nproc")
+
+
+def effective_batch(config: Config) -> int:
+    return (config.train.micro_batch_size * config.train.gradient_accumulation_steps
+            * config.distributed.nproc)
+
+
 def check_resume_changes(saved: Config, resumed: Config, run_dir: str) -> list[str]:
     """Raise when ``resumed`` changes a key that would make it another run; returns the
     (resumable) keys it changes."""
     changed = changed_keys(saved, resumed)
-    refused = [key for key in changed if not _resumable(key)]
+    same_batch = effective_batch(saved) == effective_batch(resumed)
+    refused = [key for key in changed
+               if not (_resumable(key) or (same_batch and key in _BATCH_SPLIT_KEYS))]
     if refused:
         raise ConfigError(
             f"--resume {run_dir} cannot change {', '.join(refused)} (it would no longer be the "
-            f"same run); a resumed run may change only {', '.join(RESUMABLE_KEYS)}; start a new "
-            "run for anything else")
+            f"same run); a resumed run may change only {', '.join(RESUMABLE_KEYS)}, and "
+            f"{', '.join(_BATCH_SPLIT_KEYS)} when their product (the effective batch, "
+            f"{effective_batch(saved)}) stays the same; start a new run for anything else")
     return changed

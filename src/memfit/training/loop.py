@@ -40,7 +40,7 @@ import torch
 from memfit import distributed
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import OutOfMemoryPlanError
-from memfit.checkpoint import TrainerState, latest_checkpoint, save_checkpoint
+from memfit.checkpoint import TrainerState, save_checkpoint
 from memfit.config import to_yaml
 from memfit.config.schema import AdapterKind, Precision
 from memfit.monitor.memory import MemoryMeter
@@ -240,7 +240,9 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
                          run.config.train.seed, run.collate, consumed=state.consumed,
                          rank=distributed.rank(), world_size=distributed.world_size())
     result = LoopResult(state)
-    guard = DivergenceGuard(run.config, latest_checkpoint(run_dir),
+    # The checkpoint this segment started from (a resume may have skipped damaged newer ones).
+    started_from = run_dir / "checkpoints" / f"step-{state.step}"
+    guard = DivergenceGuard(run.config, started_from if started_from.is_dir() else None,
                             scaler_checks_gradients=run.scaler is not None)
     if state.step == 0:
         metrics = _evaluate_within_memory(run, meter, 0)

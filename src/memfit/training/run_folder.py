@@ -29,6 +29,7 @@ from pathlib import Path
 import memfit
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError
+from memfit.checkpoint.folders import checkpoint_folders
 
 MARKER_FILE = "memfit-run.json"
 LOCK_FILE = ".memfit.lock"
@@ -45,11 +46,8 @@ def is_run_folder(folder: Path) -> bool:
 
 def _has_progress(folder: Path) -> bool:
     """True once a run has something worth resuming or keeping: a checkpoint or a result."""
-    checkpoints = folder / "checkpoints"
-    saved = checkpoints.is_dir() and any(not path.name.startswith(".")
-                                         for path in checkpoints.iterdir())
-    return saved or any((folder / name).exists()
-                        for name in ("summary.json", "adapter", "model"))
+    results = ("summary.json", "adapter", "model")
+    return bool(checkpoint_folders(folder)) or any((folder / name).exists() for name in results)
 
 
 def _nearest_existing(path: Path) -> Path:
