@@ -88,7 +88,9 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     if summary["eval_loss_before"] is not None:
         print(f"eval loss     {summary['eval_loss_before']:.4f} -> "
               f"{summary['eval_loss_after']:.4f}")
-    if "memory_peak_bytes" in summary:
+    if summary.get("memory_not_measured"):
+        print(f"peak memory   not measured: {summary['memory_not_measured']}")
+    elif summary.get("memory_peak_bytes") is not None:
         parts = ", ".join(f"{name} {format_bytes(size)}"
                           for name, size in summary["memory_peak_by_category"].items())
         print(f"peak memory   {format_bytes(summary['memory_peak_bytes'])} ({parts})")

@@ -301,7 +301,7 @@ def test_the_record_of_a_resumed_run_is_the_whole_run(tmp_path: Path):
     assert steps == list(range(1, 9))
     summary, expected = (json.loads((r / "summary.json").read_text()) for r in (run, reference))
     for key in ("steps", "first_loss", "final_loss", "eval_loss_before", "eval_loss_after",
-                "tokens"):
+                "examples"):
         assert summary[key] == pytest.approx(expected[key], rel=1e-6), key
     assert summary["train_seconds"] > 0
 

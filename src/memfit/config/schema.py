@@ -39,6 +39,10 @@ class DataFormat(Choice):
     IMAGES = "images"
 
 
+# Formats whose examples are token sequences (data.max_length tokens each).
+TOKEN_FORMATS = frozenset({DataFormat.TEXT, DataFormat.INSTRUCTION, DataFormat.CHAT})
+
+
 class ImageResize(Choice):
     CROP = "crop"
     STRETCH = "stretch"

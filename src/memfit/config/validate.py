@@ -12,6 +12,7 @@ import math
 from memfit._utils.errors import ConfigError
 from memfit._utils.sizes import parse_bytes
 from memfit.config.schema import (
+    TOKEN_FORMATS,
     AdapterKind,
     Config,
     DataFormat,
@@ -120,8 +121,7 @@ def _float_domains(config: Config):
 
 def _check_combinations(config: Config) -> None:
     task, data_format = config.model.task, config.data.format
-    token_formats = {DataFormat.TEXT, DataFormat.INSTRUCTION, DataFormat.CHAT}
-    if task is Task.CAUSAL_LM and data_format not in token_formats:
+    if task is Task.CAUSAL_LM and data_format not in TOKEN_FORMATS:
         raise ConfigError(
             f"model.task=causal-lm needs data.format text, instruction or chat, not {data_format}"
         )

@@ -1,7 +1,8 @@
 """Metrics sinks: ``metrics.jsonl`` (one JSON object per logged step) and TensorBoard.
 
 Each record has ``step`` (the optimizer step, from 1; 0 for the evaluation before
-training) and either training keys (``loss``, ``lr``, ``grad_norm``, ``tokens_per_second``,
+training) and either training keys (``loss``, ``lr``, ``grad_norm``, ``tokens`` and
+``tokens_per_second`` (``examples`` and ``examples_per_second`` for data without tokens),
 memory) or evaluation keys (``eval_loss``, ``eval_perplexity``).
 
 The file is strict JSON: a non-finite number (a diverged loss) is written as ``null``.

@@ -18,8 +18,10 @@ class ProgressBar:
     def update(self, record: dict[str, Any]) -> None:
         if self._bar is None:
             return
+        rate = ("tok/s", "tokens_per_second") if "tokens" in record else \
+            ("ex/s", "examples_per_second")
         postfix = {"loss": f"{record['loss']:.4f}", "lr": f"{record['lr']:.2e}",
-                   "tok/s": f"{record['tokens_per_second']:.0f}"}
+                   rate[0]: f"{record[rate[1]]:.0f}"}
         if "memory_peak_bytes" in record:
             postfix["mem"] = format_bytes(record["memory_peak_bytes"])
         self._bar.set_postfix(postfix, refresh=False)

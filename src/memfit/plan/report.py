@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from memfit._utils.sizes import format_bytes
-from memfit.config.schema import Config
+from memfit.config.schema import TOKEN_FORMATS, Config, DataFormat
 from memfit.plan.itemize import CATEGORIES, Estimate
 from memfit.plan.planner import Plan
 
@@ -16,12 +16,22 @@ def _cells(row: Estimate) -> list[str]:
     return [format_bytes(value) if value else "-" for value in values]
 
 
+def _micro_batch(config: Config) -> str:
+    """The micro-batch in the data's own units: tokens, images or examples."""
+    size = config.train.micro_batch_size
+    if config.data.format in TOKEN_FORMATS:
+        return f"{size} x {config.data.max_length} tokens"
+    if config.data.format is DataFormat.IMAGES:
+        side = config.data.images.size
+        return f"{size} images" + (f" of {side}x{side}" if side else "")
+    return f"{size} examples"
+
+
 def format_plan(result: Plan, config: Config) -> str:
     model = config.model.preset or config.model.path or config.model.factory
-    lines = [f"memfit plan: {model}, micro-batch {config.train.micro_batch_size} x "
-             f"{config.data.max_length} tokens, {config.train.gradient_accumulation_steps} "
-             f"accumulation steps, budget {format_bytes(result.budget_bytes)} "
-             f"({result.device})", ""]
+    lines = [f"memfit plan: {model}, micro-batch {_micro_batch(config)}, "
+             f"{config.train.gradient_accumulation_steps} accumulation steps, budget "
+             f"{format_bytes(result.budget_bytes)} ({result.device})", ""]
     header = ["strategy", *_COLUMNS, "fits"]
     rows = [["config (as given)", *_cells(result.config),
              "yes" if result.config.device_bytes <= result.budget_bytes else "no"]]

@@ -82,7 +82,7 @@ def adapter_map(model: nn.Module, config: AdapterConfig) -> AdapterMap:
     trained: dict[str, int] = {}
     frozen = 0
     for name, parameter in base.named_parameters():
-        count = _original_numel(parameter)
+        count = original_numel(parameter)
         if not parameter.requires_grad:
             frozen += count
         elif _ADAPTER_PART in name:
@@ -112,10 +112,15 @@ def _pattern(module_name: str) -> str:
     return ".".join("*" if part.isdigit() else part for part in module_name.split("."))
 
 
-def _original_numel(parameter: nn.Parameter) -> int:
+def original_numel(parameter: nn.Parameter) -> int:
     """Elements before quantization: a bitsandbytes 4-bit weight packs two per byte and
     keeps the original shape in its quant_state."""
     quant_state = getattr(parameter, "quant_state", None)
     if quant_state is not None:
         return math.prod(quant_state.shape)
     return parameter.numel()
+
+
+def original_parameter_count(model: nn.Module) -> int:
+    """Parameters as the model had them before any 4-bit packing."""
+    return sum(original_numel(parameter) for parameter in model.parameters())

@@ -33,6 +33,7 @@ from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY, make_memory_meter
 from memfit.monitor.memory_plot import plot_memory
 from memfit.monitor.metrics import MetricsLogger, read_metrics, strict_json
 from memfit.monitor.progress import ProgressBar
+from memfit.techniques.adapter_map import original_parameter_count
 from memfit.training.build import Run, build_run
 from memfit.training.fit import auto_fit, refuse_too_large_preset
 from memfit.training.loop import train_steps
@@ -207,28 +208,27 @@ def _train_in(run: Run, run_dir: Path, state: TrainerState, resumed_from: int | 
     has_adapter = config.adapter.kind is not AdapterKind.NONE
     exported = export_trained(run_dir, run.model, run.tokenizer, has_adapter, run.is_transformers,
                               state_dict=full_state)
-    summary = _summary(run, result.state, run_dir, exported, records, meter)
+    summary = _summary(run, result, run_dir, exported, records)
     if choice:
         summary["auto_fit"] = choice
     write_text(run_dir / "summary.json", strict_json(summary, indent=2))
     return RunResult(run_dir, result.state.step, result.losses, result.eval_losses, summary)
 
 
-def _peak(records: list[dict[str, Any]], meter) -> tuple[int, dict[str, int]] | None:
-    """The highest measured step over the whole run: the records of every segment, and
-    this segment's meter (which also saw the steps ``log.every`` did not log)."""
+def _peak(records: list[dict[str, Any]], result) -> tuple[int, dict[str, int]] | None:
+    """The highest measured training step over the whole run: the records of every
+    segment, and this segment's own peak (which also saw steps ``log.every`` left out)."""
     found = [(r[RECORD_PEAK_KEY], {c: r.get(record_key(c), 0) for c in CATEGORIES})
              for r in records if RECORD_PEAK_KEY in r]
-    if meter.peak is not None:
-        found.append((meter.peak.peak_bytes, dict(meter.peak.by_category)))
+    if result.peak is not None:
+        found.append((result.peak.peak_bytes, dict(result.peak.by_category)))
     return max(found, key=lambda item: item[0]) if found else None
 
 
-def _summary(run: Run, state: TrainerState, run_dir: Path, exported: Path,
-             records: list[dict[str, Any]], meter) -> dict[str, Any]:
+def _summary(run: Run, result, run_dir: Path, exported: Path,
+             records: list[dict[str, Any]]) -> dict[str, Any]:
     """The whole run from step 0, over every resumed segment (from metrics.jsonl)."""
-    trainable = sum(p.numel() for p in run.trainable_parameters)
-    total = sum(p.numel() for p in run.model.parameters())
+    state = result.state
     losses = [r["loss"] for r in records if r.get("loss") is not None]
     evals = {r["step"]: r["eval_loss"] for r in records if r.get("eval_loss") is not None}
     summary = {
@@ -238,14 +238,20 @@ def _summary(run: Run, state: TrainerState, run_dir: Path, exported: Path,
         "final_loss": losses[-1] if losses else None,
         "eval_loss_before": evals.get(0),
         "eval_loss_after": evals[max(evals)] if evals else None,
-        "tokens": state.tokens,
+        run.objective.item_name: state.tokens,
         "train_seconds": state.elapsed_seconds,
-        "trainable_parameters": trainable,
-        "total_parameters": total,
+        "skipped_steps": sum(1 for r in records if r.get("skipped")),
+        "trainable_parameters": sum(p.numel() for p in run.trainable_parameters),
+        "total_parameters": original_parameter_count(run.model),
         "device": str(run.device),
         "exported": str(exported),
     }
-    peak = _peak(records, meter)
+    peak = _peak(records, result)
     if peak is not None:
         summary["memory_peak_bytes"], summary["memory_peak_by_category"] = peak
+    else:
+        every = run.config.log.memory_every
+        summary["memory_peak_bytes"] = None
+        summary["memory_not_measured"] = (f"no training step was measured (log.memory_every="
+                                          f"{every}); set log.memory_every=1 to measure each")
     return summary

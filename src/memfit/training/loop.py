@@ -43,7 +43,7 @@ from memfit._utils.errors import OutOfMemoryPlanError
 from memfit.checkpoint import TrainerState, save_checkpoint
 from memfit.config import to_yaml
 from memfit.config.schema import AdapterKind, Precision
-from memfit.monitor.memory import MemoryMeter
+from memfit.monitor.memory import MemoryMeter, StepMemory
 from memfit.monitor.metrics import MetricsLogger
 from memfit.optim import GaLore, LayerwiseOptimizer
 from memfit.optim.backward_projection import clip_grad_norm_
@@ -63,6 +63,9 @@ class LoopResult:
     losses: dict[int, float] = field(default_factory=dict)  # steps whose update was applied
     eval_losses: dict[int, float] = field(default_factory=dict)
     skipped_steps: int = 0  # by train.on_nonfinite=skip, in this call
+    # The highest measured training step of this call (evaluations are measured too, but
+    # are not what a user sizes a GPU by); None when log.memory_every skipped them all.
+    peak: StepMemory | None = None
 
 
 def _to_device(batch: dict[str, torch.Tensor], device: torch.device,
@@ -298,13 +301,16 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
         state.elapsed_seconds += seconds
         if verdict is Verdict.APPLY:
             result.losses[step] = step_loss
+        item = run.objective.item_name  # tokens, or examples for data without tokens
         record = {"step": step, "loss": step_loss, "lr": lr, "grad_norm": grad_norm,
-                  "tokens": items, "tokens_per_second": items / seconds,
+                  item: items, f"{item}_per_second": items / seconds,
                   "step_seconds": seconds, "epoch": stream.epoch}
         if guard.skipping:
             record.update(skipped=verdict is Verdict.SKIP, skipped_steps=guard.skipped_steps)
         if meter.last_step is not None:
             record.update(meter.last_step.to_record())
+            if result.peak is None or meter.last_step.peak_bytes > result.peak.peak_bytes:
+                result.peak = meter.last_step
         record.update(_host_bytes(run))
         # A skipped or diverged step is logged whatever log.every: it explains the outcome.
         unsound = verdict is not Verdict.APPLY

@@ -52,6 +52,11 @@ class Objective:
         # input) and, when the target differs from it, "targets", both (B, C, H, W).
         self.reconstruction_loss = reconstruction_loss
 
+    @property
+    def item_name(self) -> str:
+        """What ``count`` counts, as metrics and the summary name it."""
+        return "tokens" if self.causal_lm else "examples"
+
     def count(self, batch: dict[str, torch.Tensor]) -> int:
         return count_loss_tokens(batch) if self.causal_lm else example_count(batch)
 

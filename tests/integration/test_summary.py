@@ -1,0 +1,73 @@
+"""summary.json and the plan header say what was measured, in the data's own units."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cli_helpers import run_in_process, tiny_run_arguments, write_config
+from factories import write_regression_data
+
+from memfit.monitor.metrics import read_metrics
+
+
+def summary_of(run: Path) -> dict:
+    return json.loads((run / "summary.json").read_text())
+
+
+def test_a_run_with_no_measured_step_says_so(tmp_path: Path, instructions: Path):
+    run = tmp_path / "run"
+    result = run_in_process("train", *tiny_run_arguments(
+        instructions, run, "train.max_steps=3", "log.memory_every=1000",
+        "log.tensorboard=false"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = summary_of(run)
+    assert summary["memory_peak_bytes"] is None
+    assert "log.memory_every=1000" in summary["memory_not_measured"]
+    assert "peak memory   not measured" in result.stdout
+
+
+def test_a_measured_run_reports_its_training_peak(tmp_path: Path, instructions: Path):
+    run = tmp_path / "run"
+    result = run_in_process("train", *tiny_run_arguments(
+        instructions, run, "train.max_steps=2", "log.tensorboard=false"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    peaks = [r["memory_peak_bytes"] for r in read_metrics(run) if "memory_peak_bytes" in r]
+    summary = summary_of(run)
+    assert summary["memory_peak_bytes"] == max(peaks)
+    assert sum(summary["memory_peak_by_category"].values()) == max(peaks)
+    assert summary["tokens"] == sum(r["tokens"] for r in read_metrics(run) if "loss" in r)
+
+
+def test_data_without_tokens_counts_examples(tmp_path: Path):
+    data = write_regression_data(tmp_path / "rows.npz")
+    run = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", {
+        "model": {"factory": "factories:regressor", "task": "custom"},
+        "data": {"path": str(data), "format": "tensors", "eval_fraction": 0.25},
+        "train": {"max_steps": 2, "micro_batch_size": 4, "output_dir": str(run)},
+        "log": {"progress": False, "tensorboard": False}})
+    result = run_in_process("train", str(config), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    steps = [r for r in read_metrics(run) if "loss" in r]
+    assert all(r["examples"] == 4 and "examples_per_second" in r and "tokens" not in r
+               for r in steps)
+    summary = summary_of(run)
+    assert summary["examples"] == 8 and "tokens" not in summary
+
+    plan = run_in_process("plan", str(config), "--budget", "1GiB", "--device", "cpu",
+                          cwd=tmp_path)
+    assert plan.returncode == 0, plan.stderr
+    assert "micro-batch 4 examples" in plan.stdout.splitlines()[0]
+
+
+def test_a_quantized_run_counts_the_original_parameters(tmp_path: Path, instructions: Path):
+    counts = {}
+    for kind in ("lora", "qlora"):
+        run = tmp_path / kind
+        result = run_in_process("train", *tiny_run_arguments(
+            instructions, run, "train.max_steps=1", f"adapter.kind={kind}",
+            "log.tensorboard=false"), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        counts[kind] = summary_of(run)["total_parameters"]
+    assert counts["qlora"] == counts["lora"]
