@@ -16,13 +16,13 @@ from memfit._utils.errors import DataError
 CHUNK_BYTES = 1 << 20
 
 
-def check_utf8(file: str) -> None:
+def check_utf8(file: str, chunk_bytes: int = CHUNK_BYTES) -> None:
     """Raise a DataError naming the byte offset and line of the first invalid byte."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     offset = 0  # bytes of the file before ``chunk``
     lines_before = 0  # newlines in those bytes
     with open(file, "rb") as handle:
-        while chunk := handle.read(CHUNK_BYTES):
+        while chunk := handle.read(chunk_bytes):
             # The decoder holds back a character cut by the chunk boundary; an error's
             # position counts from those held-back bytes.
             held_back = len(decoder.getstate()[0])

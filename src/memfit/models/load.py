@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from memfit._utils.errors import ModelError
 from memfit.config.schema import ImagesConfig, ModelConfig, ModelDtype, Task
+from memfit.models.folder_checks import check_config_json, check_weight_files
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
 from memfit.models.tokenizers import byte_level_tokenizer
 
@@ -92,13 +94,14 @@ def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
                  quantization_config: Any | None = None) -> LoadedModel:
     from transformers import AutoTokenizer
 
-    if not (folder / "config.json").is_file():
-        raise ModelError(f"model.path={folder} is not a Hugging Face model folder (no config.json)")
+    check_config_json(folder)
+    check_weight_files(folder)
     try:
         model = _auto_class(task).from_pretrained(folder, dtype=dtype,
                                                   quantization_config=quantization_config)
-    except (OSError, ValueError) as error:
-        raise ModelError(f"model.path={folder}: cannot load the model ({error})") from None
+    except (OSError, ValueError, SafetensorError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
+        raise ModelError(f"model.path={folder}: cannot load the model ({reason})") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except (OSError, ValueError, TypeError):

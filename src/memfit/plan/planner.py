@@ -17,6 +17,7 @@ from memfit._utils.sizes import format_bytes, parse_bytes
 from memfit.config.schema import Config, Task
 from memfit.config.validate import fsdp_incompatibility
 from memfit.plan import meta
+from memfit.plan.context import check_max_length
 from memfit.plan.itemize import Estimate, ExampleBatch, estimate
 from memfit.plan.strategies import Overrides, strategies, with_overrides
 
@@ -58,6 +59,7 @@ def plan(config: Config, budget: str | int, device: str = "cuda",
     ``example_batch``: one micro-batch of inputs, needed for model.factory models.
     ``devices`` > 1: bytes per device when FSDP2 shards training over that many (the
     micro-batch is per device); strategies FSDP2 cannot train are skipped, with the reason."""
+    check_max_length(config)
     budget_bytes = _budget(budget)
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"device={device!r} is not one of: cuda, cpu")
@@ -101,6 +103,7 @@ def recommend(config: Config, budget_bytes: int, device: str = "cuda",
 def refuse_if_too_large(config: Config, available_bytes: int, device: str) -> None:
     """Raise a ConfigError with the plan's numbers when training ``config`` as given
     cannot fit ``available_bytes`` (what ``memfit train`` checks for large presets)."""
+    check_max_length(config)
     given = estimate(config, device)
     if given.device_bytes > available_bytes:
         name = config.model.preset or config.model.path or config.model.factory

@@ -1,5 +1,6 @@
 """Assemble a run from a Config, in one documented order:
 
+0. data.max_length within the model's context (plan.context; reads config.json only)
 1. seeds                      (weights of presets, LoRA init, data split all depend on them)
 2. model + tokenizer          (models.load; Hugging Face folders load quantized for qlora)
 3. data                       (data.build_datasets; fails early on bad rows)
@@ -20,6 +21,7 @@ from __future__ import annotations
 import math
 import random
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +35,7 @@ from memfit.data import Splits, build_datasets, collate
 from memfit.distributed import fsdp
 from memfit.models.load import LoadedModel, load_model
 from memfit.models.presets import DEMO_BASE
+from memfit.plan.context import check_max_length
 from memfit.techniques import checkpointing, chunked_loss, lora, quantize
 from memfit.techniques.activation_offload import ActivationOffload
 from memfit.techniques.adapter_map import AdapterMap, adapter_map
@@ -80,12 +83,36 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def examples_per_step(config: Config) -> int:
+    return (config.train.micro_batch_size * config.train.gradient_accumulation_steps
+            * distributed.world_size())
+
+
 def total_optimizer_steps(config: Config, train_examples: int) -> int:
+    """train.max_steps, or the number of steps whose examples come closest to train.epochs
+    passes over the ``train_examples`` (at least one): the batch stream's epoch (examples
+    drawn / examples) then ends as near train.epochs as whole steps allow."""
     if config.train.max_steps is not None:
         return config.train.max_steps
-    per_step = (config.train.micro_batch_size * config.train.gradient_accumulation_steps
-                * distributed.world_size())
-    return max(1, math.ceil(config.train.epochs * train_examples / per_step))
+    steps = config.train.epochs * train_examples / examples_per_step(config)
+    return max(1, math.floor(steps + 0.5))
+
+
+def warn_if_smaller_than_a_micro_batch(config: Config, train_examples: int,
+                                       total_steps: int) -> None:
+    """Say how a training split smaller than one micro-batch is drawn from, and how many
+    passes over it the run makes."""
+    micro_batch = config.train.micro_batch_size * distributed.world_size()
+    if train_examples >= micro_batch:
+        return
+    processes = f" x {distributed.world_size()} processes" if distributed.world_size() > 1 else ""
+    passes = total_steps * examples_per_step(config) / train_examples
+    warnings.warn(
+        f"data: the training split has {train_examples} examples, fewer than one micro-batch "
+        f"of {micro_batch} (train.micro_batch_size={config.train.micro_batch_size}"
+        f"{processes}): each micro-batch repeats examples, drawn from a fresh shuffle each "
+        f"pass; {total_steps} optimizer steps make {passes:.3g} passes over them",
+        stacklevel=2)
 
 
 def load_base(config: Config) -> LoadedModel:
@@ -146,6 +173,7 @@ def shard(model: nn.Module, config: Config, device: torch.device) -> nn.Module:
 
 
 def build_run(config: Config) -> Run:
+    check_max_length(config)
     seed_everything(config.train.seed)
     loaded = load_base(config)
     splits = build_datasets(config.data, loaded.tokenizer, seed=config.train.seed)
@@ -167,6 +195,8 @@ def build_run(config: Config) -> Run:
     if config.memory.optimizer_offload:
         optimizer = HostOffloadOptimizer(optimizer)
     total_steps = total_optimizer_steps(config, len(splits.train))
+    if distributed.is_main():
+        warn_if_smaller_than_a_micro_batch(config, len(splits.train), total_steps)
     scheduler = build_scheduler(optimizer, total_steps, config.train.warmup_steps,
                                 config.train.lr_schedule)
     return Run(

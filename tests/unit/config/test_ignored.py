@@ -1,0 +1,55 @@
+"""Which keys count as the user's choices, and which of them the config ignores."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+from memfit.config import from_mapping, to_mapping
+from memfit.config.ignored import IgnoredKeyWarning, chosen_keys, ignored_keys
+
+BASE = {"model": {"preset": "tiny-llama"}, "data": {"path": "rows.jsonl"}}
+
+
+def test_a_partial_mapping_chooses_what_it_names():
+    raw = {**BASE, "adapter": {"kind": "none", "rank": 8}}
+    with pytest.warns(IgnoredKeyWarning):
+        config = from_mapping(raw)
+    assert chosen_keys(config, raw) == {"model.preset", "data.path", "adapter.kind",
+                                        "adapter.rank"}
+    assert ignored_keys(config, chosen_keys(config, raw)) == [
+        "adapter.rank=8 is ignored: adapter.kind=none trains the weights themselves, "
+        "without adapters"]
+
+
+def test_a_complete_mapping_chooses_only_what_differs_from_the_default():
+    # A run's config.yaml names every key; read back by --resume it must not warn about
+    # every default the rest of the config ignores.
+    with pytest.warns(IgnoredKeyWarning):
+        config = from_mapping({**BASE, "optimizer": {"galore": {"rank": 4}}})
+    written = to_mapping(config)
+    assert chosen_keys(config, written) == {"model.preset", "data.path",
+                                            "optimizer.galore.rank"}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from_mapping(to_mapping(from_mapping(BASE)))
+    assert not [w for w in caught if issubclass(w.category, IgnoredKeyWarning)]
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"train": {"max_steps": 3, "epochs": 2}}, "train.epochs"),
+    ({"memory": {"checkpoint_every": 2}}, "memory.checkpoint_every"),
+    ({"data": {"format": "instruction", "pack": False}}, "data.pack"),
+    ({"data": {"images": {"size": 32}}}, "data.images.size"),
+    ({"adapter": {"kind": "lora", "frozen_in_compute_dtype": False}},
+     "adapter.frozen_in_compute_dtype"),
+    ({"optimizer": {"name": "galore", "galore": {"projector": "random",
+                                                  "project_in_backward": False}}},
+     "optimizer.galore.project_in_backward"),
+    ({"train": {"max_consecutive_skips": 2}}, "train.max_consecutive_skips"),
+])
+def test_each_rule_names_the_key(raw, key):
+    merged = {**BASE, **raw, "data": {**BASE["data"], **raw.get("data", {})}}
+    with pytest.warns(IgnoredKeyWarning, match=rf"^{key}=\S+ is ignored: "):
+        from_mapping(merged)
