@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
+import warnings
 from pathlib import Path
 
 from memfit._utils.errors import MemfitError, is_disk_full
@@ -254,6 +256,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """Warnings as users read them: one line, no source location (``--debug`` keeps it)."""
+    return f"memfit: warning: {message}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     # bitsandbytes tries an optional CPU kernel from a hub on import and warns when it
     # cannot (always, offline); it falls back to its own kernel, so the warning is noise.
@@ -263,6 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    if not args.debug:
+        warnings.formatwarning = _one_line_warning
+        # Libraries' notes to their own developers (e.g. PEFT calling a deprecated
+        # transformers attribute) are not something a memfit user can act on.
+        warnings.simplefilter("ignore", FutureWarning)
+    # transformers' per-file loading bars would interleave with memfit's own output.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         return args.handler(args)
     except MemfitError as error:

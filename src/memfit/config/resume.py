@@ -6,9 +6,8 @@ glued onto the first one's state, so those are refused."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from memfit._utils.errors import ConfigError
+from memfit.config.ignored import flatten
 from memfit.config.load import to_mapping
 from memfit.config.schema import Config
 
@@ -26,16 +25,6 @@ RESUMABLE_KEYS = (
 )
 
 
-def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat = {}
-    for key, value in mapping.items():
-        if isinstance(value, dict):
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _resumable(key: str) -> bool:
     return any(key == allowed or (allowed.endswith(".*") and key.startswith(allowed[:-1]))
                for allowed in RESUMABLE_KEYS)
@@ -43,7 +32,7 @@ def _resumable(key: str) -> bool:
 
 def changed_keys(saved: Config, resumed: Config) -> list[str]:
     """The dotted keys whose values differ between two configs."""
-    before, after = _flatten(to_mapping(saved)), _flatten(to_mapping(resumed))
+    before, after = flatten(to_mapping(saved)), flatten(to_mapping(resumed))
     return sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
 
 
