@@ -6,9 +6,14 @@ so the merged weights are ``dequant(W_q) + (alpha / r) B A``, the function the a
 model computed, not the original W plus an update trained against a different base — and
 PEFT's ``merge_and_unload`` folds the update in and removes every LoRA module.
 
+The base's buffers are then set to the values training left them at
+(``adapter/buffers.safetensors``: BatchNorm running statistics move even in frozen layers).
+
 Output: a normal Hugging Face folder (config + model.safetensors + tokenizer) for
-transformers models, or ``model.safetensors`` holding a state dict that loads into the
-factory's module with ``load_state_dict(strict=True)``.
+transformers models and for a factory's ``model.export_module`` (the adapter was saved
+relative to that submodule, and is merged into it alone), or ``model.safetensors``
+holding a state dict (parameters and persistent buffers) that loads into the factory's
+module with ``load_state_dict(strict=True)``.
 
 A full fine-tune trained with distributed.strategy=fsdp is consolidated instead: its
 newest sharded checkpoint becomes one normal model folder (finished or not).
@@ -24,11 +29,12 @@ from torch import nn
 from memfit._utils.atomic import staged_folder
 from memfit._utils.errors import ConfigError
 from memfit.checkpoint import newest_intact_checkpoint
-from memfit.checkpoint.export import save_model
+from memfit.checkpoint.export import load_trained_buffers, save_model
 from memfit.config import Config, from_mapping
 from memfit.config.load import read_yaml
 from memfit.config.schema import AdapterKind, Precision
 from memfit.distributed.checkpoint import is_sharded_checkpoint, load_trainable
+from memfit.models.export_module import exported_module
 from memfit.models.load import TORCH_DTYPES
 from memfit.techniques import quantize
 from memfit.training.build import frozen_storage_dtype, load_base, seed_everything
@@ -67,11 +73,14 @@ def merged_model(run_dir: Path) -> tuple[nn.Module, object | None, bool]:
         quantize.store_frozen_in(base, storage_dtype)
     quantize.dequantize(base, dtype)
     base.to(dtype)
-    quantizer = getattr(base, "hf_quantizer", None)
+    target = exported_module(base, config.model.export_module)
+    quantizer = getattr(target, "hf_quantizer", None)
     if quantizer is not None:  # a normal folder again: no quantization_config in config.json
-        quantizer.remove_quantization_config(base)
-    adapted = PeftModel.from_pretrained(base, adapter_dir)
-    return adapted.merge_and_unload(), loaded.tokenizer, loaded.is_transformers
+        quantizer.remove_quantization_config(target)
+    merged = PeftModel.from_pretrained(target, adapter_dir).merge_and_unload()
+    load_trained_buffers(adapter_dir, merged)
+    is_transformers = loaded.is_transformers or config.model.export_module is not None
+    return merged, loaded.tokenizer, is_transformers
 
 
 def _consolidated(config: Config, checkpoint: Path) -> tuple[nn.Module, object | None, bool]:
@@ -82,7 +91,9 @@ def _consolidated(config: Config, checkpoint: Path) -> tuple[nn.Module, object |
     if config.precision is Precision.BF16_PURE:
         loaded.model.to(torch.bfloat16)  # the dtype the weights trained (and were saved) in
     load_trainable(checkpoint, loaded.model)
-    return loaded.model, loaded.tokenizer, loaded.is_transformers
+    name = config.model.export_module
+    return (exported_module(loaded.model, name), loaded.tokenizer,
+            loaded.is_transformers or name is not None)
 
 
 def _check_out(run_dir: Path, out: Path, force: bool) -> None:

@@ -102,3 +102,34 @@ class BatchNormRegressor(nn.Module):
 
 def batchnorm_regressor() -> nn.Module:
     return BatchNormRegressor()
+
+
+class BatchNormConvNet(nn.Module):
+    """Convolutions each followed by BatchNorm, whose running statistics (buffers) move in
+    training even where adapters freeze every weight: an export that drops them evaluates
+    with mean 0 and variance 1 instead. forward(images, targets) returns the mean loss."""
+
+    def __init__(self):
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),
+            nn.Conv2d(8, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU())
+        self.head = nn.Linear(8, 1)
+
+    def forward(self, images: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        pooled = self.features(images).mean(dim=(2, 3))  # (batch, 8)
+        return F.mse_loss(self.head(pooled).squeeze(-1), targets)
+
+
+def batchnorm_conv_net() -> nn.Module:
+    return BatchNormConvNet()
+
+
+def write_shifted_images(path, rows: int = 48, seed: int = 0):
+    """Images (rows, 3, 8, 8) of mean 10 and deviation 3, far from BatchNorm's initial running
+    statistics (mean 0, variance 1), and one target per image."""
+    generator = np.random.default_rng(seed)
+    images = generator.normal(10.0, 3.0, size=(rows, 3, 8, 8)).astype(np.float32)
+    targets = images.mean(axis=(1, 2, 3)) - 10.0
+    np.savez(path, images=images, targets=targets.astype(np.float32))
+    return path

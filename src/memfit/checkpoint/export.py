@@ -1,16 +1,43 @@
-"""The trained result a user keeps: ``adapter/`` (PEFT format, loads with
-``peft.PeftModel.from_pretrained``) or ``model/`` (a normal Hugging Face folder, or a
-safetensors state dict for plain modules). Written via a staging folder, then renamed."""
+"""The trained result a user keeps, written via a staging folder, then renamed:
+
+- ``adapter/`` (adapter runs): PEFT's ``adapter_config.json`` and
+  ``adapter_model.safetensors`` (loads with ``peft.PeftModel.from_pretrained``), plus
+  ``buffers.safetensors`` when the base has persistent buffers: their values as training
+  left them, named as in the plain model. BatchNorm running statistics move in train mode
+  even in layers whose weights adapters freeze, and PEFT saves only what trains, so this
+  file carries them; PEFT ignores it, ``memfit merge`` loads it, and plain PyTorch loads
+  it with ``model.load_state_dict(load_file(path), strict=False)``.
+- ``model/`` (full fine-tunes): a normal Hugging Face folder, or for plain modules a
+  safetensors state dict (parameters and persistent buffers) that loads into the user's
+  module class with ``load_state_dict(strict=True)``.
+
+With ``model.export_module`` (models/export_module.py) both describe that submodule of the
+factory's module: ``model/`` is its Hugging Face folder, and ``adapter/`` keys its weights
+and names its modules relative to it, as PEFT does for a model that is that submodule.
+"""
 
 from __future__ import annotations
 
+import json
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
-from safetensors.torch import save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
-from memfit._utils.atomic import staged_folder
+from memfit._utils.atomic import staged_folder, write_text
+from memfit._utils.errors import CheckpointError
+from memfit.checkpoint.state import buffer_state
+from memfit.config import from_mapping
+from memfit.config.load import read_yaml
+from memfit.models.export_module import exported_module, module_name, plain_module
+
+BUFFERS_FILE = "buffers.safetensors"
+# PEFT keys a saved adapter's weights by their names under PeftModel.base_model.model.
+_PEFT_KEY_PREFIX = "base_model.model."
 
 
 def save_model(folder: Path, model: nn.Module, tokenizer: Any | None,
@@ -31,8 +58,116 @@ def save_model(folder: Path, model: nn.Module, tokenizer: Any | None,
 
 def export_trained(run_dir: Path, model: nn.Module, tokenizer: Any | None, has_adapter: bool,
                    is_transformers: bool, state_dict: dict[str, Tensor] | None = None) -> Path:
+    """``run_dir/adapter`` or ``run_dir/model`` for the trained ``model``, exporting the
+    ``model.export_module`` that the run's config.yaml names (as ``memfit merge`` reads it).
+    ``state_dict``: a sharded model's whole state dict, gathered."""
+    name = from_mapping(read_yaml(run_dir / "config.yaml")).model.export_module
+    exported = exported_module(model, name)
     final = run_dir / ("adapter" if has_adapter else "model")
     with staged_folder(final) as folder:
-        save_model(folder, model, tokenizer, save_pretrained=has_adapter or is_transformers,
-                   state_dict=state_dict)
+        if has_adapter:
+            save_model(folder, model, tokenizer, save_pretrained=True, state_dict=state_dict)
+            if name is not None:
+                _rebase_adapter(folder, plain_module(model), exported)
+            _save_trained_buffers(folder, model, exported)
+        else:
+            save_model(folder, exported, tokenizer, save_pretrained=is_transformers or bool(name),
+                       state_dict=_state_within(model, exported, state_dict))
     return final
+
+
+def _state_within(model: nn.Module, module: nn.Module,
+                  state_dict: dict[str, Tensor] | None) -> dict[str, Tensor] | None:
+    """The part of ``model``'s ``state_dict`` that belongs to ``module``, keyed as
+    ``module.state_dict()`` would key it."""
+    prefix = module_name(model, module)
+    if state_dict is None or not prefix:
+        return state_dict
+    return {key.removeprefix(f"{prefix}."): tensor for key, tensor in state_dict.items()
+            if key.startswith(f"{prefix}.")}
+
+
+def _plain_buffer_names(model: nn.Module, root: nn.Module) -> dict[str, str]:
+    """Each buffer under ``root`` (inside the adapted ``model``): its name in ``model`` ->
+    its name in the plain ``root`` that ``merge_and_unload`` leaves, where
+    an adapter layer's base layer stands in the adapter layer's place. Buffers of modules
+    trained in full (adapter.trainable_modules) are left out: PEFT saves those copies,
+    buffers included, in its own file."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper
+
+    full_names = {id(module): name for name, module in model.named_modules()}
+    found: dict[str, str] = {}
+
+    def visit(module: nn.Module, plain: str) -> None:
+        if isinstance(module, AuxiliaryTrainingWrapper):
+            return
+        if isinstance(module, BaseTunerLayer):
+            visit(module.get_base_layer(), plain)
+            return
+        full = full_names[id(module)]
+        for name, _ in module.named_buffers(recurse=False):
+            found[f"{full}.{name}" if full else name] = plain + name
+        for name, child in module.named_children():
+            visit(child, f"{plain}{name}.")
+
+    visit(root, "")
+    return found
+
+
+def _save_trained_buffers(folder: Path, model: nn.Module, exported: nn.Module) -> None:
+    """``buffers.safetensors``: the persistent buffers of the exported module's base."""
+    buffers = buffer_state(model)  # persistent ones only, named in the adapted model
+    plain = {plain_name: buffers[name]
+             for name, plain_name in _plain_buffer_names(model, exported).items()
+             if name in buffers}
+    if plain:
+        save_file(plain, folder / BUFFERS_FILE)
+
+
+def _rebase_adapter(folder: Path, factory_module: nn.Module, inner: nn.Module) -> None:
+    """Rewrite PEFT's two files, saved for the factory's whole module, to describe ``inner``
+    alone: what PEFT would have saved had ``inner`` itself been adapted."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+    from peft.utils.other import AuxiliaryTrainingWrapper
+
+    adapted = [name for name, module in inner.named_modules()
+               if isinstance(module, BaseTunerLayer)]
+    trained = [name for name, module in inner.named_modules()
+               if isinstance(module, AuxiliaryTrainingWrapper)]
+    config_path = folder / "adapter_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    # Exact names, as techniques.lora targets them: PEFT full-matches a string pattern.
+    config["target_modules"] = "^(?:" + "|".join(re.escape(name) for name in adapted) + ")$"
+    config["modules_to_save"] = trained or None
+    write_text(config_path, json.dumps(config, indent=2, sort_keys=True))
+    weights_path = folder / "adapter_model.safetensors"
+    old = f"{_PEFT_KEY_PREFIX}{module_name(factory_module, inner)}."
+    weights = {_PEFT_KEY_PREFIX + key.removeprefix(old): tensor
+               for key, tensor in load_file(weights_path).items()}
+    save_file(weights, weights_path, metadata={"format": "pt"})
+
+
+def load_trained_buffers(adapter_dir: Path, model: nn.Module) -> None:
+    """Copy ``adapter_dir/buffers.safetensors`` into the plain (merged) ``model``. Without
+    the file (an adapter exported before memfit wrote it) a model with buffers keeps the
+    values it was built with, which is said in a warning."""
+    path = adapter_dir / BUFFERS_FILE
+    if not path.is_file():
+        if buffer_state(model):
+            warnings.warn(f"{adapter_dir} has no {BUFFERS_FILE} (exported by an older memfit): "
+                          "the merged model keeps its buffers (e.g. BatchNorm running "
+                          "statistics) as built, not as training left them", stacklevel=2)
+        return
+    try:
+        saved = load_file(path)
+    except SafetensorError as error:
+        raise CheckpointError(f"{path}: not a readable safetensors file ({error})") from None
+    expected = buffer_state(model)
+    for name, tensor in saved.items():
+        if name not in expected or expected[name].shape != tensor.shape:
+            found = f"shape {tuple(expected[name].shape)}" if name in expected else "no such buffer"
+            raise CheckpointError(f"{path} holds {name!r} of shape {tuple(tensor.shape)}, but the "
+                                  f"merged model has {found} (was the adapter trained on "
+                                  "another model?)")
+    model.load_state_dict(saved, strict=False)

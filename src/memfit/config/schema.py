@@ -154,6 +154,15 @@ class ModelConfig:
         "factory models whose forward does not return a loss.",
         default=None,
     )
+    export_module: str | None = doc(
+        "Factory models wrapping a Hugging Face model: the dotted name of that inner "
+        "transformers PreTrainedModel (e.g. model, for self.model = AutoModel...). The "
+        "export (model/) and memfit merge then write it as a normal Hugging Face folder, and "
+        "adapter/ names its modules relative to it, so PeftModel.from_pretrained loads it "
+        "onto the plain model. Everything that trains must lie inside it. null: the whole "
+        "module, as a safetensors state dict.",
+        default=None,
+    )
     task: Task = doc("What the model is trained to do.", default=Task.CAUSAL_LM)
     dtype: ModelDtype = doc(
         "Dtype the weights are loaded in (precision=bf16-pure casts them to bfloat16).",

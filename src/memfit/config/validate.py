@@ -44,6 +44,10 @@ def _check_model(config: Config) -> None:
         raise ConfigError(f"set exactly one of model.path, model.preset, model.factory ({found})")
     if model.loss and not model.factory:
         raise ConfigError("model.loss applies only to model.factory models")
+    if model.export_module is not None and not model.factory:
+        raise ConfigError(f"model.export_module={model.export_module!r} applies only to "
+                          "model.factory models; model.path and model.preset models are "
+                          "exported whole as Hugging Face folders already")
     for key in ("factory", "loss"):
         value = getattr(model, key)
         if value and ":" not in value:

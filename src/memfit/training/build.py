@@ -33,6 +33,7 @@ from memfit import distributed
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision, Task
 from memfit.data import Splits, build_datasets, collate
 from memfit.distributed import fsdp
+from memfit.models.export_module import exported_module
 from memfit.models.load import LoadedModel, load_model
 from memfit.models.presets import DEMO_BASE
 from memfit.plan.context import check_max_length
@@ -178,6 +179,7 @@ def build_run(config: Config) -> Run:
     loaded = load_base(config)
     splits = build_datasets(config.data, loaded.tokenizer, seed=config.train.seed)
     model, warnings = prepare_model(loaded, config)
+    exported_module(model, config.model.export_module)  # a bad name fails before training
     for warning in warnings:
         print(f"memfit: warning: {warning}", file=sys.stderr)
     adapters = (adapter_map(model, config.adapter)
