@@ -28,6 +28,7 @@ from torch import nn
 
 from memfit._utils.atomic import staged_folder
 from memfit._utils.errors import ConfigError
+from memfit._utils.folders import creation_problem
 from memfit.checkpoint import newest_intact_checkpoint
 from memfit.checkpoint.export import load_trained_buffers, save_model
 from memfit.config import Config, from_mapping
@@ -112,6 +113,9 @@ def _check_out(run_dir: Path, out: Path, force: bool) -> None:
     if out.is_dir() and any(out.iterdir()) and not force:
         raise ConfigError(f"memfit merge --out {out}: that folder is not empty; choose a new "
                           "folder, or pass --force to replace its contents")
+    problem = None if out.is_dir() else creation_problem(out)
+    if problem is not None:
+        raise ConfigError(f"memfit merge --out {out} cannot be created: {problem}")
 
 
 def merge_run(run_dir: str | Path, out: str | Path, force: bool = False) -> Path:

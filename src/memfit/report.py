@@ -18,6 +18,7 @@ from typing import Any
 
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError, MemfitError
+from memfit._utils.folders import creation_problem
 from memfit._utils.sizes import format_bytes
 from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY
 from memfit.monitor.memory_plot import plot_memory
@@ -26,6 +27,8 @@ from memfit.monitor.metrics import read_metrics
 # A run without memory.budget is planned against a budget nothing exceeds: only the
 # estimate of the configuration as run is shown, not what would fit.
 _NO_BUDGET = "1TiB"
+# Marks a page memfit wrote, so --out replaces only its own earlier reports.
+_GENERATOR = '<meta name="generator" content="memfit report">'
 _STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em auto; max-width: 60em; color: #222; }
 table { border-collapse: collapse; margin: 0.5em 0 1.5em; }
@@ -43,6 +46,12 @@ def write_report(run_dir: Path | str, out: Path | str | None = None) -> Path:
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"RUN_DIR {run_dir}: no config.yaml there (not a run folder)")
     out = Path(out) if out is not None else run_dir / "report.html"
+    if out.is_dir() or (out.exists() and _GENERATOR not in out.read_text(errors="replace")[:512]):
+        raise ConfigError(f"memfit report --out {out}: that exists and is not a memfit report; "
+                          "choose a new file name")
+    problem = None if out.parent.is_dir() else creation_problem(out.parent)
+    if problem is not None:
+        raise ConfigError(f"memfit report --out {out} cannot be written: {problem}")
     write_text(out, render_report(run_dir))
     return out
 
@@ -62,7 +71,7 @@ def render_report(run_dir: Path) -> str:
         f"<pre>{html.escape(config_text)}</pre>",
     ]
     body = "\n".join(sections)
-    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+    return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{_GENERATOR}"
             f"<title>memfit run {html.escape(run_dir.resolve().name)}</title>"
             f"<style>{_STYLE}</style></head>\n<body>\n{body}\n</body></html>\n")
 

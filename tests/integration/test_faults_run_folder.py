@@ -101,6 +101,27 @@ def test_merge_force_replaces_only_once_the_new_model_is_complete(tmp_path: Path
     assert sorted(p.name for p in tmp_path.iterdir()) == ["merged"]  # no staging left
 
 
+def test_merge_checks_its_out_folder_before_merging(tmp_path: Path, adapter_run: Path):
+    (tmp_path / "notes.txt").write_text("mine")
+    before = tree_digest(tmp_path)
+    for out in (tmp_path / "notes.txt" / "merged", Path("/proc/memfit-merged")):
+        result = run_in_process("merge", str(adapter_run), "--out", str(out), cwd=tmp_path)
+        assert_one_line_error(result, 2, f"--out {out} cannot be created")
+    assert tree_digest(tmp_path) == before
+
+
+def test_report_never_overwrites_a_file_it_did_not_write(tmp_path: Path, adapter_run: Path):
+    mine = tmp_path / "index.html"
+    mine.write_text("<html>my homepage</html>")
+    result = run_in_process("report", str(adapter_run), "--out", str(mine), cwd=tmp_path)
+    assert_one_line_error(result, 2, str(mine), "not a memfit report")
+    assert mine.read_text() == "<html>my homepage</html>"
+    out = tmp_path / "report.html"
+    for _ in range(2):  # its own earlier report is replaced
+        result = run_in_process("report", str(adapter_run), "--out", str(out), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+
+
 def test_merge_refuses_a_pickled_adapter(tmp_path: Path, adapter_run: Path):
     import shutil
 

@@ -7,8 +7,7 @@ what a user had there.
 - ``train.output_dir`` naming an existing folder is accepted only when it is empty, or is
   a memfit run that stopped before its first checkpoint (it then starts again: only the
   files memfit writes are removed). A folder with anything else in it is refused before
-  the model is built, and so is one that cannot be created (checked by creating and
-  removing a probe folder in its nearest existing parent).
+  the model is built, and so is one that cannot be created.
 - While a process trains in a run folder it holds an exclusive ``flock`` on the folder's
   lock file, so a second ``train`` or ``--resume`` on a live run is refused in one line.
   The kernel drops the lock when the process dies, however it dies.
@@ -22,13 +21,13 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import memfit
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError
+from memfit._utils.folders import creation_problem
 from memfit.checkpoint.folders import checkpoint_folders
 
 MARKER_FILE = "memfit-run.json"
@@ -48,12 +47,6 @@ def _has_progress(folder: Path) -> bool:
     """True once a run has something worth resuming or keeping: a checkpoint or a result."""
     results = ("summary.json", "adapter", "model")
     return bool(checkpoint_folders(folder)) or any((folder / name).exists() for name in results)
-
-
-def _nearest_existing(path: Path) -> Path:
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
 
 
 def check_new_run_folder(output_dir: str | None) -> None:
@@ -78,13 +71,9 @@ def check_new_run_folder(output_dir: str | None) -> None:
             raise ConfigError(f"{key} already exists and is not a memfit run folder (it holds "
                               f"{shown}); choose a new or empty folder")
         return
-    parent = _nearest_existing(folder.parent)
-    if not parent.is_dir():
-        raise ConfigError(f"{key} cannot be created: {parent} is a file, not a folder")
-    try:  # the only sure test of "can I create a folder here" (root ignores mode bits)
-        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".memfit-probe-"))
-    except OSError as error:
-        raise ConfigError(f"{key} cannot be created in {parent}: {error.strerror}") from None
+    problem = creation_problem(folder)
+    if problem is not None:
+        raise ConfigError(f"{key} cannot be created: {problem}")
 
 
 class RunFolder:

@@ -1,0 +1,26 @@
+"""Can a folder be created here? Asked before any work whose result goes there, so a
+long job never ends by failing to write."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def _nearest_existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def creation_problem(folder: Path) -> str | None:
+    """Why ``folder`` (which does not exist yet) could not be created, or None."""
+    parent = _nearest_existing(folder.parent)
+    if not parent.is_dir():
+        return f"{parent} is a file, not a folder"
+    try:  # the only sure test (root ignores mode bits; /proc and read-only mounts refuse)
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".memfit-probe-"))
+    except OSError as error:
+        return f"cannot create a folder in {parent}: {error.strerror}"
+    return None
