@@ -9,6 +9,8 @@ load with transformers and PEFT alone, without the wrapper or memfit.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from torch import nn
 
 from memfit._utils.errors import ModelError
@@ -37,8 +39,9 @@ def exported_module(model: nn.Module, name: str | None) -> nn.Module:
     factory_module = plain_module(model)
     if name is None:
         return factory_module
-    candidates = ", ".join(candidate for candidate, module in factory_module.named_modules()
-                           if candidate and isinstance(module, PreTrainedModel)) or "none"
+    candidates = ", ".join(_outermost(
+        candidate for candidate, module in factory_module.named_modules()
+        if candidate and isinstance(module, PreTrainedModel))) or "none"
     try:
         inner = factory_module.get_submodule(name)
     except AttributeError:
@@ -58,3 +61,12 @@ def exported_module(model: nn.Module, name: str | None) -> nn.Module:
                          f"from the export; keep adapters inside it with adapter.restrict_to="
                          f"[{name}], or name a module that holds everything that trains")
     return inner
+
+
+def _outermost(names: Iterable[str]) -> list[str]:
+    """``names`` (in module order) less those inside another of them."""
+    kept: list[str] = []
+    for name in names:
+        if not any(name.startswith(f"{outer}.") for outer in kept):
+            kept.append(name)
+    return kept
