@@ -295,6 +295,21 @@ def test_resume_applies_accepted_overrides(tmp_path: Path):
         assert resumed[step]["lr"] == pytest.approx(expected[step]["lr"], rel=1e-9)
 
 
+def test_resume_removes_what_a_killed_export_left_and_exports_again(tmp_path: Path):
+    """Killed after the last checkpoint, while exporting: the run has no summary yet."""
+    run = tmp_path / "run"
+    train_regression(tmp_path, run)
+    (run / "summary.json").unlink()
+    (run / "model").rename(run / ".model.k1ll3d_x")
+    (run / ".summary.json.abcd1234.tmp").write_text("{")
+    (run / ".my-notes").write_text("mine")  # a dot-file of the user's stays
+    result = run_in_process("train", "--resume", str(run), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (run / "model" / "model.safetensors").is_file() and (run / "summary.json").is_file()
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [
+        ".memfit.lock", ".my-notes"]
+
+
 def test_resuming_a_finished_run_changes_nothing(tmp_path: Path):
     run = tmp_path / "run"
     train_regression(tmp_path, run)

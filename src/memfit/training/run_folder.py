@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import re
 import shutil
 import sys
 import time
@@ -149,10 +150,25 @@ def _remove_unfinished_start(folder: Path) -> None:
             path.unlink()
 
 
+# What a kill leaves of the run folder's own atomic writes (memfit._utils.atomic): the
+# export being staged or swapped (".adapter.<8>", ".model.old.<8>") and temporary files
+# (".summary.json.<8>.tmp"). Checkpoints' staging is memfit.checkpoint's to clean.
+_STALE_STAGING = re.compile(
+    r"^\.(?:(?:adapter|model)\.(?:old\.)?[a-z0-9_]{8}|[\w.-]+\.[a-z0-9_]{8}\.tmp)$")
+
+
 def open_run_folder(path: str | Path) -> RunFolder:
-    """Lock an existing run folder for ``--resume``."""
+    """Lock an existing run folder for ``--resume`` and remove what a killed export left."""
     folder = Path(path)
     if not folder.is_dir() or not is_run_folder(folder):
         raise ConfigError(f"--resume {path}: not a memfit run folder (no {MARKER_FILE} or "
                           "config.yaml there)")
-    return RunFolder(folder)
+    run = RunFolder(folder)
+    for stale in folder.iterdir():
+        if not _STALE_STAGING.match(stale.name) or stale.is_symlink():
+            continue
+        if stale.is_dir():
+            shutil.rmtree(stale)
+        else:
+            stale.unlink()
+    return run
