@@ -5,21 +5,24 @@ factory's module, to exactly the eval loss memfit logged at the end of training.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import run_in_process, write_config
+from cli_helpers import assert_one_line_error, run_in_process, write_config
 from factories import batchnorm_conv_net, write_shifted_images
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 
+from memfit.checkpoint.export import BUFFERS_FILE
 from memfit.config.load import from_mapping, read_yaml
 from memfit.data import build_datasets, collate
+from memfit.merge import merge_run
 
 
-def train_conv_net(tmp_path: Path, name: str, *overrides: str) -> Path:
-    run_dir = tmp_path / name
-    config = write_config(tmp_path / f"{name}.yaml", {
+def train_conv_net(tmp_path: Path, *overrides: str) -> Path:
+    run_dir = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", {
         "model": {"factory": "factories:batchnorm_conv_net", "task": "custom"},
         "data": {"path": str(write_shifted_images(tmp_path / "images.npz")),
                  "format": "tensors", "eval_fraction": 0.25},
@@ -47,17 +50,41 @@ def final_eval_loss(run_dir: Path) -> float:
     return json.loads((run_dir / "summary.json").read_text())["eval_loss_after"]
 
 
-def test_merged_lora_run_evaluates_to_the_final_eval_loss(tmp_path: Path):
-    run_dir = train_conv_net(tmp_path, "run", "adapter.kind=lora", "adapter.rank=2",
-                             "adapter.targets=[conv]")
-    result = run_in_process("merge", str(run_dir), "--out", str(tmp_path / "merged"),
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A LoRA run on the conv layers (trained once; tests that change it take a copy)."""
+    return train_conv_net(tmp_path_factory.mktemp("lora"), "adapter.kind=lora",
+                          "adapter.rank=2", "adapter.targets=[conv]")
+
+
+def test_merged_lora_run_evaluates_to_the_final_eval_loss(tmp_path: Path, lora_run: Path):
+    result = run_in_process("merge", str(lora_run), "--out", str(tmp_path / "merged"),
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    assert eval_loss_of(tmp_path / "merged/model.safetensors", run_dir) == pytest.approx(
-        final_eval_loss(run_dir), rel=1e-5)
+    assert eval_loss_of(tmp_path / "merged/model.safetensors", lora_run) == pytest.approx(
+        final_eval_loss(lora_run), rel=1e-5)
+
+
+def test_buffers_of_another_model_are_refused_in_one_line(tmp_path: Path, lora_run: Path):
+    run_dir = Path(shutil.copytree(lora_run, tmp_path / "run"))
+    save_file({"features.9.running_mean": torch.zeros(8)},
+              run_dir / "adapter" / BUFFERS_FILE)
+    result = run_in_process("merge", str(run_dir), "--out", str(tmp_path / "merged"),
+                            cwd=tmp_path)
+    assert_one_line_error(result, 2, f"{BUFFERS_FILE} holds 'features.9.running_mean'",
+                          "no such buffer")
+    assert not (tmp_path / "merged").exists()
+
+
+def test_an_adapter_without_its_buffers_merges_with_a_warning(tmp_path: Path, lora_run: Path):
+    run_dir = Path(shutil.copytree(lora_run, tmp_path / "run"))
+    (run_dir / "adapter" / BUFFERS_FILE).unlink()
+    with pytest.warns(UserWarning, match="keeps its buffers .* as built"):
+        merge_run(run_dir, tmp_path / "merged")
+    assert (tmp_path / "merged/model.safetensors").is_file()
 
 
 def test_full_fine_tune_export_evaluates_to_the_final_eval_loss(tmp_path: Path):
-    run_dir = train_conv_net(tmp_path, "run", "adapter.kind=none")
+    run_dir = train_conv_net(tmp_path, "adapter.kind=none")
     assert eval_loss_of(run_dir / "model/model.safetensors", run_dir) == pytest.approx(
         final_eval_loss(run_dir), rel=1e-5)
