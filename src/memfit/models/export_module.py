@@ -34,11 +34,11 @@ def exported_module(model: nn.Module, name: str | None) -> nn.Module:
     for: the factory's whole module when ``name`` is None, else its submodule ``name``,
     which must be a transformers PreTrainedModel holding every tensor that trains (what
     lies outside would be learned, then left out of the export). ModelError otherwise."""
-    from transformers import PreTrainedModel
-
     factory_module = plain_module(model)
     if name is None:
         return factory_module
+    from transformers import PreTrainedModel
+
     candidates = ", ".join(_outermost(
         candidate for candidate, module in factory_module.named_modules()
         if candidate and isinstance(module, PreTrainedModel))) or "none"
@@ -53,7 +53,7 @@ def exported_module(model: nn.Module, name: str | None) -> nn.Module:
                          "transformers PreTrainedModel, so it cannot be saved as a Hugging Face "
                          f"folder; the factory's transformers models are at: {candidates}")
     inside = {id(tensor) for tensor in inner.parameters()}
-    outside = [parameter for parameter, tensor in model.named_parameters()
+    outside = [parameter for parameter, tensor in factory_module.named_parameters()
                if tensor.requires_grad and id(tensor) not in inside]
     if outside:
         raise ModelError(f"model.export_module={name!r} leaves out {outside[0]!r}, which trains "
