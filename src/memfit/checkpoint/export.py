@@ -31,8 +31,6 @@ from torch import Tensor, nn
 from memfit._utils.atomic import staged_folder, write_text
 from memfit._utils.errors import CheckpointError
 from memfit.checkpoint.state import buffer_state
-from memfit.config import from_mapping
-from memfit.config.load import read_yaml
 from memfit.models.export_module import exported_module, module_name, plain_module
 
 BUFFERS_FILE = "buffers.safetensors"
@@ -57,21 +55,21 @@ def save_model(folder: Path, model: nn.Module, tokenizer: Any | None,
 
 
 def export_trained(run_dir: Path, model: nn.Module, tokenizer: Any | None, has_adapter: bool,
-                   is_transformers: bool, state_dict: dict[str, Tensor] | None = None) -> Path:
-    """``run_dir/adapter`` or ``run_dir/model`` for the trained ``model``, exporting the
-    ``model.export_module`` that the run's config.yaml names (as ``memfit merge`` reads it).
-    ``state_dict``: a sharded model's whole state dict, gathered."""
-    name = from_mapping(read_yaml(run_dir / "config.yaml")).model.export_module
-    exported = exported_module(model, name)
+                   is_transformers: bool, export_module: str | None = None,
+                   state_dict: dict[str, Tensor] | None = None) -> Path:
+    """``run_dir/adapter`` or ``run_dir/model`` for the trained ``model``, or for its
+    submodule ``export_module`` (model.export_module). ``state_dict``: a sharded model's
+    whole state dict, gathered."""
+    exported = exported_module(model, export_module)
     final = run_dir / ("adapter" if has_adapter else "model")
     with staged_folder(final) as folder:
         if has_adapter:
             save_model(folder, model, tokenizer, save_pretrained=True, state_dict=state_dict)
-            if name is not None:
+            if export_module is not None:
                 _rebase_adapter(folder, plain_module(model), exported)
             _save_trained_buffers(folder, model, exported)
         else:
-            save_model(folder, exported, tokenizer, save_pretrained=is_transformers or bool(name),
+            save_model(folder, exported, tokenizer, save_pretrained=is_transformers or bool(export_module),
                        state_dict=_state_within(model, exported, state_dict))
     return final
 
