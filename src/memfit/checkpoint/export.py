@@ -69,7 +69,8 @@ def export_trained(run_dir: Path, model: nn.Module, tokenizer: Any | None, has_a
                 _rebase_adapter(folder, plain_module(model), exported)
             _save_trained_buffers(folder, model, exported)
         else:
-            save_model(folder, exported, tokenizer, save_pretrained=is_transformers or bool(export_module),
+            save_pretrained = is_transformers or export_module is not None
+            save_model(folder, exported, tokenizer, save_pretrained=save_pretrained,
                        state_dict=_state_within(model, exported, state_dict))
     return final
 
