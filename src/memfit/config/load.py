@@ -22,7 +22,7 @@ from memfit.config.schema import Config
 
 # Keys holding filesystem paths: relative values written in a YAML file are resolved
 # against that file's folder, so a config and its data can travel together.
-PATH_KEYS = {("model", "path"), ("data", "path")}
+PATH_KEYS = {("model", "path"), ("data", "path"), ("data", "eval_path")}
 FILE_REFERENCE_KEYS = ("factory", "loss")
 
 

@@ -37,6 +37,7 @@ class DataFormat(Choice):
     CHAT = "chat"
     TENSORS = "tensors"
     IMAGES = "images"
+    CLASSIFICATION = "classification"
 
 
 # Formats whose examples are token sequences (data.max_length tokens each).
@@ -164,6 +165,19 @@ class ModelConfig:
         default=None,
     )
     task: Task = doc("What the model is trained to do.", default=Task.CAUSAL_LM)
+    num_labels: int | None = doc(
+        "model.task=sequence-classification: how many classes the new head predicts. "
+        "null: as many as the training data's labels need (see model.labels); a larger "
+        "number leaves room for classes the data does not have yet.",
+        default=None,
+    )
+    labels: tuple[str, ...] = doc(
+        "model.task=sequence-classification: the class names in id order (the exported "
+        "config's id2label). Empty: found in the training data: string labels sorted, "
+        "integer labels as their own ids 0..max. A run's config.yaml records the labels "
+        "it trained with, so memfit merge and --resume rebuild the same head.",
+        default=(),
+    )
     dtype: ModelDtype = doc(
         "Dtype the weights are loaded in (precision=bf16-pure casts them to bfloat16).",
         default=ModelDtype.FLOAT32,
@@ -219,20 +233,32 @@ class DataConfig:
     format: DataFormat = doc(
         "How rows become examples: text (a 'text' field, packed), instruction "
         "(prompt/response or instruction/input/output; prompt masked out of the loss), chat "
-        "('messages'; only assistant turns in the loss), tensors (named arrays), images (a "
-        "folder or file of PNG/JPEG images or .npy/.npz arrays; see data.images).",
+        "('messages'; only assistant turns in the loss), classification (a text field and a "
+        "label field, for model.task=sequence-classification), tensors (named arrays), "
+        "images (a folder or file of PNG/JPEG images or .npy/.npz arrays; see data.images).",
         default=DataFormat.TEXT,
     )
     max_length: int = doc("Tokens per example (truncation) or per packed block.", default=256)
     eval_fraction: float = doc(
         "Fraction of rows held out for evaluation, chosen by a seeded shuffle; 0 disables "
-        "evaluation.",
+        "evaluation. Not used when data.eval_path is set.",
         default=0.1,
+    )
+    eval_path: str | None = doc(
+        "A separate evaluation file or folder, in data.format like data.path; when set, "
+        "all of data.path trains and data.eval_fraction is not used (setting both is warned).",
+        default=None,
     )
     pack: bool = doc(
         "format=text: concatenate documents and cut them into max_length blocks.", default=True
     )
-    text_field: str = doc("format=text: the field holding the text.", default="text")
+    text_field: str = doc("format=text or classification: the field holding the text.",
+                          default="text")
+    label_field: str = doc(
+        "format=classification: the field holding each row's label, an integer (the class "
+        "id) or a string (the class name).",
+        default="label",
+    )
     images: ImagesConfig = doc("format=images: size, channels and contrast.",
                                default_factory=ImagesConfig)
 

@@ -1,8 +1,6 @@
 """Cross-key rules, checked before anything is built.
 
 Each rule raises a ConfigError naming the keys involved and what would be valid.
-Features whose issue has not landed yet are rejected here with "not yet supported",
-never silently ignored; each such line is removed when the feature lands.
 """
 
 from __future__ import annotations
@@ -31,7 +29,7 @@ def validate(config: Config) -> None:
     _check_combinations(config)
     _check_distributed(config)
     _check_nonfinite(config)
-    _check_not_yet_supported(config)
+    _check_classification(config)
 
 
 def _check_model(config: Config) -> None:
@@ -232,14 +230,30 @@ def _check_nonfinite(config: Config) -> None:
             "so they cannot be dropped; use train.on_nonfinite=stop or optimizer.layerwise=false")
 
 
-# Keys whose feature lands with a later issue: (predicate, message).
-_NOT_YET = [
-    (lambda c: c.model.task is Task.SEQUENCE_CLASSIFICATION,
-     "model.task=sequence-classification"),
-]
-
-
-def _check_not_yet_supported(config: Config) -> None:
-    for applies, what in _NOT_YET:
-        if applies(config):
-            raise ConfigError(f"{what} is not yet supported in this version of memfit")
+def _check_classification(config: Config) -> None:
+    model, data_format = config.model, config.data.format
+    classifies = model.task is Task.SEQUENCE_CLASSIFICATION
+    if classifies != (data_format is DataFormat.CLASSIFICATION):
+        raise ConfigError(
+            f"model.task={model.task} with data.format={data_format}: "
+            "model.task=sequence-classification and data.format=classification go together")
+    if not classifies:
+        return
+    if not model.path:
+        source = "model.preset" if model.preset else "model.factory"
+        raise ConfigError(
+            f"model.task=sequence-classification loads a Hugging Face folder: set model.path "
+            f"instead of {source} (presets are causal language models; a factory module "
+            "trains with model.task=custom)")
+    if model.num_labels is not None and model.num_labels < 2:
+        raise ConfigError(f"model.num_labels must be at least 2 (a classifier chooses "
+                          f"between classes), got {model.num_labels}")
+    if not model.labels:
+        return
+    if len(set(model.labels)) != len(model.labels) or len(model.labels) < 2 \
+            or not all(model.labels):
+        raise ConfigError(f"model.labels={list(model.labels)} must name at least 2 classes, "
+                          "each once and non-empty")
+    if model.num_labels is not None and model.num_labels != len(model.labels):
+        raise ConfigError(f"model.labels names {len(model.labels)} classes but model.num_labels="
+                          f"{model.num_labels}; give one name per class, or drop one of the two")

@@ -1,15 +1,16 @@
 """``build_datasets``: a data config and a tokenizer -> train and eval datasets.
 
-The order is fixed: read the rows, split them into train and eval by a seeded shuffle,
-then tokenize and truncate or pack each split on its own, so no document straddles the
-two splits.
+The order is fixed: read the rows, split them into train and eval by a seeded shuffle
+(or, with ``data.eval_path``, train on every row of ``data.path`` and evaluate on every
+row of ``data.eval_path``), then tokenize and truncate or pack each split on its own, so
+no document straddles the two splits.
 """
 
 from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, Protocol
@@ -17,13 +18,13 @@ from typing import Any, Protocol
 import torch
 
 from memfit._utils.errors import DataError
-from memfit.data import chat, instruction, text
+from memfit.data import chat, classification, instruction, text
 from memfit.data.images import ImageSettings, read_images
-from memfit.data.read import Row, data_files, holds_tensors, iter_rows, read_rows
-from memfit.data.tensors import TensorDictDataset, read_tensors
+from memfit.data.read import Row, RowSource, data_files, holds_tensors, iter_rows, read_rows
+from memfit.data.tensors import TensorDictDataset, check_same_shapes, read_tensors
 from memfit.data.tokens import Encoded, to_examples, warn_or_raise_on_dropped
 
-FORMATS = ("text", "instruction", "chat", "tensors", "images")
+FORMATS = ("text", "instruction", "chat", "tensors", "images", "classification")
 
 
 class DataSettings(Protocol):
@@ -41,9 +42,13 @@ class DataSettings(Protocol):
     @property
     def eval_fraction(self) -> float: ...
     @property
+    def eval_path(self) -> str | os.PathLike[str] | None: ...
+    @property
     def pack(self) -> bool: ...
     @property
     def text_field(self) -> str: ...
+    @property
+    def label_field(self) -> str: ...
     @property
     def images(self) -> ImageSettings: ...
 
@@ -56,10 +61,23 @@ class Splits:
     eval: torch.utils.data.Dataset
 
 
-def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0) -> Splits:
+@dataclass(frozen=True)
+class RowSelection:
+    """Some rows of some row files: global indices over ``sources``, ascending."""
+
+    sources: list[RowSource]
+    indices: list[int]
+
+    def batches(self) -> Iterator[list[Row]]:
+        return iter_rows(self.sources, self.indices)
+
+
+def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0,
+                   labels: Sequence[str] = ()) -> Splits:
     """Read ``data_cfg.path`` in ``data_cfg.format`` and split it into train and eval.
 
     ``tokenizer`` is a ``transformers`` tokenizer; it may be None for "tensors" and "images".
+    ``labels``: format "classification", the class names in id order (``classes``).
     Raises DataError for a missing/empty/unreadable file, an unknown format or extension,
     a row without the fields its format needs, or no example left to train on.
     """
@@ -69,34 +87,29 @@ def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0) -> Spl
     if data_cfg.path is None:
         raise DataError(f"data.path is not set; give a data file or folder for format '{name}'")
     if name == "images":
-        return _tensor_splits(read_images(str(data_cfg.path), data_cfg.images, seed),
-                              data_cfg.eval_fraction, seed)
-    files = data_files(str(data_cfg.path))
-    tensor_files = holds_tensors(files)
-    if (name == "tensors") != tensor_files:
-        raise DataError(
-            f"data.path {data_cfg.path} holds {'tensors' if tensor_files else 'rows'} but "
-            f"data.format is '{name}'; .npz/.pt files go with format 'tensors', "
-            "row files (.jsonl/.json/.csv/.parquet/.txt, save_to_disk folders) with the others"
-        )
+        return _image_splits(data_cfg, seed)
     if name == "tensors":
-        return _tensor_splits(read_tensors(files), data_cfg.eval_fraction, seed)
+        return _tensor_splits(data_cfg, seed)
     if tokenizer is None:
         raise DataError(
             f"data.format '{name}' needs a tokenizer and none was given; "
             "a model without one can only train on data.format 'tensors' or 'images'"
         )
-    sources = read_rows(files, txt_field=data_cfg.text_field)
+    train, held_out = row_splits(data_cfg, seed)
+    if name == "classification":
+        if not labels:
+            raise ValueError("format classification needs the class names (labels=...)")
+        encode = functools.partial(
+            classification.encode, tokenizer=tokenizer, text_field=data_cfg.text_field,
+            label_field=data_cfg.label_field, names=labels, max_length=data_cfg.max_length)
+        return Splits(encode(train.batches()), encode(held_out.batches()))
     encode = _encoder(name, tokenizer, data_cfg.text_field)
-    train, held_out = split_indices(
-        sum(len(s.table) for s in sources), data_cfg.eval_fraction, seed
-    )
     pack = name == "text" and data_cfg.pack
     train_set, train_rows, train_dropped = to_examples(
-        (encode(rows) for rows in iter_rows(sources, train)), data_cfg.max_length, pack
+        (encode(rows) for rows in train.batches()), data_cfg.max_length, pack
     )
     eval_set, eval_rows, eval_dropped = to_examples(
-        (encode(rows) for rows in iter_rows(sources, held_out)), data_cfg.max_length, pack
+        (encode(rows) for rows in held_out.batches()), data_cfg.max_length, pack
     )
     warn_or_raise_on_dropped(
         train_dropped + eval_dropped, train_rows + eval_rows, len(train_set), data_cfg.max_length
@@ -104,7 +117,81 @@ def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0) -> Spl
     return Splits(train_set, eval_set)
 
 
-def _tensor_splits(tensors: dict[str, torch.Tensor], eval_fraction: float, seed: int) -> Splits:
+def classes(data_cfg: DataSettings, seed: int = 0, labels: Sequence[str] = (),
+            num_labels: int | None = None) -> tuple[str, ...]:
+    """Format "classification", before any model is built: the class names of the rows
+    ``build_datasets`` trains on (``classification.class_names`` with model.labels and
+    model.num_labels), every row of both splits checked to hold a text and one of them."""
+    if data_cfg.path is None:
+        raise DataError("data.path is not set; give a data file or folder for format "
+                        "'classification'")
+    train, held_out = row_splits(data_cfg, seed)
+    found = classification.found_labels(train.batches(), data_cfg.label_field)
+    names = classification.class_names(found, labels, num_labels)
+    for selection in (train, held_out):
+        classification.check_rows(selection.batches(), data_cfg.text_field,
+                                  data_cfg.label_field, names)
+    return names
+
+
+def row_splits(data_cfg: DataSettings, seed: int) -> tuple[RowSelection, RowSelection]:
+    """The training and the eval rows: a seeded split of data.path by
+    data.eval_fraction, or all of data.path and all of data.eval_path."""
+    sources = read_rows(_files(data_cfg, "data.path"), txt_field=data_cfg.text_field)
+    count = sum(len(source.table) for source in sources)
+    if data_cfg.eval_path is None:
+        train, held_out = split_indices(count, data_cfg.eval_fraction, seed)
+        return RowSelection(sources, train), RowSelection(sources, held_out)
+    eval_sources = read_rows(_files(data_cfg, "data.eval_path"), txt_field=data_cfg.text_field)
+    eval_count = sum(len(source.table) for source in eval_sources)
+    return (RowSelection(sources, list(range(count))),
+            RowSelection(eval_sources, list(range(eval_count))))
+
+
+def _files(data_cfg: DataSettings, key: str) -> list[str]:
+    """The data files ``key`` (data.path or data.eval_path) names, of the format's kind."""
+    name = format_name(data_cfg.format)
+    path = data_cfg.path if key == "data.path" else data_cfg.eval_path
+    files = data_files(str(path), key)
+    tensor_files = holds_tensors(files)
+    if (name == "tensors") != tensor_files:
+        raise DataError(
+            f"{key} {path} holds {'tensors' if tensor_files else 'rows'} but "
+            f"data.format is '{name}'; .npz/.pt files go with format 'tensors', "
+            "row files (.jsonl/.json/.csv/.parquet/.txt, save_to_disk folders) with the others"
+        )
+    return files
+
+
+def _tensor_splits(data_cfg: DataSettings, seed: int) -> Splits:
+    tensors = read_tensors(_files(data_cfg, "data.path"))
+    if data_cfg.eval_path is None:
+        return _split_tensors(tensors, data_cfg.eval_fraction, seed)
+    held_out = read_tensors(_files(data_cfg, "data.eval_path"))
+    check_same_shapes(tensors, held_out, f"data.path {data_cfg.path}",
+                      f"data.eval_path {data_cfg.eval_path}")
+    return _whole(tensors, held_out)
+
+
+def _image_splits(data_cfg: DataSettings, seed: int) -> Splits:
+    images = read_images(str(data_cfg.path), data_cfg.images, seed)
+    if data_cfg.eval_path is None:
+        return _split_tensors(images, data_cfg.eval_fraction, seed)
+    held_out = read_images(str(data_cfg.eval_path), data_cfg.images, seed, "data.eval_path")
+    check_same_shapes(images, held_out, f"data.path {data_cfg.path}",
+                      f"data.eval_path {data_cfg.eval_path}")
+    return _whole(images, held_out)
+
+
+def _whole(train: dict[str, torch.Tensor], held_out: dict[str, torch.Tensor]) -> Splits:
+    """Every example of ``train`` to train on, every one of ``held_out`` to evaluate."""
+    def everything(tensors: dict[str, torch.Tensor]) -> TensorDictDataset:
+        return TensorDictDataset(tensors, torch.arange(len(next(iter(tensors.values())))))
+
+    return Splits(everything(train), everything(held_out))
+
+
+def _split_tensors(tensors: dict[str, torch.Tensor], eval_fraction: float, seed: int) -> Splits:
     """Named arrays of N examples each -> train and eval views of them (no copies)."""
     train, held_out = split_indices(len(next(iter(tensors.values()))), eval_fraction, seed)
     return Splits(

@@ -1,4 +1,4 @@
-"""Examples -> one batch: right-pad token formats, stack everything else."""
+"""Examples -> one batch: right-pad token sequences, stack everything else."""
 
 from __future__ import annotations
 
@@ -8,6 +8,10 @@ import torch
 
 from memfit.data.tokens import IGNORE_INDEX
 
+# What each per-token field is padded with: padding is neither attended to (mask 0) nor
+# learned (label -100).
+_PAD_VALUES = {"attention_mask": 0, "labels": IGNORE_INDEX}
+
 
 def collate(
     examples: Sequence[dict[str, torch.Tensor]], pad_token_id: int | None = None
@@ -15,9 +19,10 @@ def collate(
     """Stack examples into a batch, each field of shape (batch, ...).
 
     Token examples (those with ``input_ids``) are padded on the right to the longest in
-    the batch: input_ids with ``pad_token_id``, attention_mask with 0, labels with -100,
-    giving (batch, longest) tensors. Other fields, and all fields of "tensors" examples,
-    are stacked as they are. ``pad_token_id`` may be None only when no padding is needed.
+    the batch: input_ids with ``pad_token_id``, and attention_mask (0) and labels (-100)
+    where they hold one value per token, giving (batch, longest) tensors. Everything else
+    — a label per example (0-d), images, all fields of examples without input_ids — is
+    stacked as it is. ``pad_token_id`` may be None only when no padding is needed.
     """
     if not examples:
         raise ValueError("collate needs at least one example")
@@ -29,18 +34,23 @@ def collate(
             "collate got examples of different lengths and pad_token_id=None; set the "
             "tokenizer's pad token (e.g. tokenizer.pad_token = tokenizer.eos_token)"
         )
-    # Padding is neither attended to (mask 0) nor learned (label -100).
-    pad_values = {"input_ids": pad_token_id, "attention_mask": 0, "labels": IGNORE_INDEX}
+    pad_values = {"input_ids": pad_token_id, **_PAD_VALUES}
     batch = {}
     for name in examples[0]:
         values = [example[name] for example in examples]
-        if name in pad_values:
+        if name in pad_values and all(_per_token(value, example)
+                                      for value, example in zip(values, examples, strict=True)):
             values = [
                 torch.nn.functional.pad(value, (0, longest - len(value)), value=pad_values[name])
                 for value in values
             ]
         batch[name] = torch.stack(values)
     return batch
+
+
+def _per_token(value: torch.Tensor, example: dict[str, torch.Tensor]) -> bool:
+    """One value per token of the example: a 1-D tensor as long as its input_ids."""
+    return value.ndim == 1 and len(value) == len(example["input_ids"])
 
 
 def count_loss_tokens(batch: dict[str, torch.Tensor]) -> int:

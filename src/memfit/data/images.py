@@ -53,9 +53,11 @@ class ImageSettings(Protocol):
     def target_contrast(self) -> tuple[str, ...] | None: ...
 
 
-def read_images(path: str, settings: ImageSettings, seed: int) -> dict[str, torch.Tensor]:
+def read_images(path: str, settings: ImageSettings, seed: int, key: str = "data.path"
+                ) -> dict[str, torch.Tensor]:
     """``{"images": (N, C, S, S)}`` plus ``"targets"`` of the same shape when
-    ``settings.target_contrast`` is set; float32 in [0, 1]."""
+    ``settings.target_contrast`` is set; float32 in [0, 1]. ``key``: the config key that
+    names ``path``, for messages."""
     if settings.channels not in (1, 3):
         raise ConfigError(f"data.images.channels={settings.channels} must be 1 (grayscale) "
                           "or 3 (RGB)")
@@ -64,7 +66,7 @@ def read_images(path: str, settings: ImageSettings, seed: int) -> dict[str, torc
     make_input = parse_contrast(settings.contrast, "data.images.contrast")
     make_target = (None if settings.target_contrast is None
                    else parse_contrast(settings.target_contrast, "data.images.target_contrast"))
-    base = _load_all(image_files(path), settings)  # (N, C, S, S)
+    base = _load_all(image_files(path, key), settings)  # (N, C, S, S)
     inputs = torch.stack([make_input(image, _generator(seed, i, 0))
                           for i, image in enumerate(base)])
     if make_target is None:
@@ -74,10 +76,10 @@ def read_images(path: str, settings: ImageSettings, seed: int) -> dict[str, torc
     return {"images": inputs, "targets": targets}
 
 
-def image_files(path: str) -> list[str]:
+def image_files(path: str, key: str = "data.path") -> list[str]:
     """``path`` itself, or the supported files below the folder ``path``, sorted."""
     if not os.path.exists(path):
-        raise DataError(f"data.path {path} does not exist; give an image file or a folder of "
+        raise DataError(f"{key} {path} does not exist; give an image file or a folder of "
                         f"images ({_SUPPORTED})")
     if os.path.isdir(path):
         files = []
@@ -87,10 +89,10 @@ def image_files(path: str) -> list[str]:
                       and _extension(name) in IMAGE_EXTENSIONS + ARRAY_EXTENSIONS]
         files.sort()
         if not files:
-            raise DataError(f"data.path {path} is a folder with no images; supported: {_SUPPORTED}")
+            raise DataError(f"{key} {path} is a folder with no images; supported: {_SUPPORTED}")
         return files
     if _extension(path) not in IMAGE_EXTENSIONS + ARRAY_EXTENSIONS:
-        raise DataError(f"data.path {path} is not an image or array file; supported: {_SUPPORTED}"
+        raise DataError(f"{key} {path} is not an image or array file; supported: {_SUPPORTED}"
                         " (data.format=images)")
     return [path]
 

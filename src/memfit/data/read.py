@@ -64,14 +64,15 @@ def is_saved_dataset(folder: str) -> bool:
     return "dataset_dict.json" in names or {"dataset_info.json", "state.json"} <= names
 
 
-def data_files(path: str) -> list[str]:
-    """The data files that ``path`` names: itself, or the files of one kind in a folder.
+def data_files(path: str, key: str = "data.path") -> list[str]:
+    """The data files that ``path`` (the value of ``key``) names: itself, or the files of
+    one kind in a folder.
 
     Returns [path] for a save_to_disk folder. Raises DataError for a missing path, an
     unsupported extension, an empty file, or a folder with no or mixed kinds of files.
     """
     if not os.path.exists(path):
-        raise DataError(f"data.path {path} does not exist; give a data file ({_SUPPORTED})")
+        raise DataError(f"{key} {path} does not exist; give a data file ({_SUPPORTED})")
     if os.path.isdir(path):
         if is_saved_dataset(path):
             return [path]
@@ -82,20 +83,20 @@ def data_files(path: str) -> list[str]:
         )
         if not files:
             raise DataError(
-                f"data.path {path} is a folder with no data files; supported: {_SUPPORTED}"
+                f"{key} {path} is a folder with no data files; supported: {_SUPPORTED}"
             )
         # .json and .jsonl are one kind: both are read by the json builder.
         kinds = sorted({ROW_BUILDERS.get(_extension(f), _extension(f)) for f in files})
         if len(kinds) > 1:
             raise DataError(
-                f"data.path {path} mixes files of kinds {', '.join(kinds)}; put one kind per folder"
+                f"{key} {path} mixes files of kinds {', '.join(kinds)}; put one kind per folder"
             )
     else:
         files = [path]
     for file in files:
         if _extension(file) not in SUPPORTED_EXTENSIONS:
             raise DataError(
-                f"data.path {file} has an unsupported extension; supported: {_SUPPORTED}"
+                f"{key} {file} has an unsupported extension; supported: {_SUPPORTED}"
             )
         if os.path.getsize(file) == 0:
             raise DataError(f"data file {file} is empty")

@@ -3,7 +3,11 @@
 A ``.npz`` file (named numpy arrays) or a ``.pt`` file holding a ``dict[str, Tensor]``
 (read with ``torch.load(weights_only=True)``, so no code in the file runs). Every array has
 the same first dimension N; example i is ``{name: array[i]}``. A folder of such files is
-joined along dimension 0, and every file must hold the same names.
+joined along dimension 0, and every file must hold the same names and shapes.
+
+Token data: ``input_ids`` is (N, L) and ``attention_mask``, when present, has the same
+shape (one mask value per token). Any other array (``labels`` as one class per example,
+(N,), or one label per token, (N, L)) is taken as it is; collate stacks it.
 """
 
 from __future__ import annotations
@@ -34,14 +38,9 @@ class TensorDictDataset(torch.utils.data.Dataset):
 def read_tensors(files: Sequence[str]) -> dict[str, torch.Tensor]:
     """Load and join the named arrays of each file; each value has shape (N, ...)."""
     parts = [_read_one(file) for file in files]
-    names = sorted(parts[0])
     for file, part in zip(files[1:], parts[1:], strict=True):
-        if sorted(part) != names:
-            raise DataError(
-                f"data file {file} holds arrays {', '.join(sorted(part))} but {files[0]} holds "
-                f"{', '.join(names)}; every file in the folder needs the same names"
-            )
-    joined = {name: torch.cat([part[name] for part in parts]) for name in names}
+        check_same_shapes(parts[0], part, f"data file {files[0]}", f"data file {file}")
+    joined = {name: torch.cat([part[name] for part in parts]) for name in sorted(parts[0])}
     if len(next(iter(joined.values()))) == 0:
         raise DataError(f"data file {files[0]} has no examples (first dimension is 0)")
     return joined
@@ -73,4 +72,33 @@ def _read_one(file: str) -> dict[str, torch.Tensor]:
             f"data file {file}: every array needs the same first dimension (the example count); "
             f"got {shapes}"
         )
+    _check_token_shapes(loaded, file)
     return loaded
+
+
+def _check_token_shapes(tensors: dict[str, torch.Tensor], file: str) -> None:
+    ids = tensors.get("input_ids")
+    if ids is None:
+        return
+    if ids.ndim != 2:
+        raise DataError(f"data file {file}: input_ids has shape {tuple(ids.shape)}; token data "
+                        "needs (examples, tokens)")
+    mask = tensors.get("attention_mask")
+    if mask is not None and mask.shape != ids.shape:
+        raise DataError(f"data file {file}: attention_mask has shape {tuple(mask.shape)} but "
+                        f"input_ids {tuple(ids.shape)}; the mask needs one value per token")
+
+
+def check_same_shapes(first: dict[str, torch.Tensor], other: dict[str, torch.Tensor],
+                      first_where: str, other_where: str) -> None:
+    """Two sets of named arrays must hold the same names, each of the same shape after the
+    first (example) dimension, so their examples batch together."""
+    if sorted(first) != sorted(other):
+        raise DataError(f"{other_where} holds arrays {', '.join(sorted(other))} but "
+                        f"{first_where} holds {', '.join(sorted(first))}; both need the same names")
+    for name, tensor in first.items():
+        if other[name].shape[1:] != tensor.shape[1:]:
+            raise DataError(
+                f"{other_where}: {name} has shape {tuple(other[name].shape)} but "
+                f"{first_where} has {tuple(tensor.shape)}; every example of {name} needs the "
+                "same shape (only the first dimension, the example count, may differ)")

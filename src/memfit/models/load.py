@@ -2,12 +2,15 @@
 
 Three sources: a local Hugging Face folder (the Auto class chosen by ``model.task``), a
 built-in preset, or a user factory ``"package.module:function"`` returning an nn.Module.
+A sequence classifier is loaded with ``model.labels`` as its classes (a new head of that
+size; ``training.build`` fills the labels in from the data before loading).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +22,7 @@ from torch import nn
 
 from memfit._utils.errors import ModelError
 from memfit.config.schema import ImagesConfig, ModelConfig, ModelDtype, Task
+from memfit.models.classifier import head_names, label_arguments
 from memfit.models.folder_checks import check_config_json, check_weight_files
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
 from memfit.models.tokenizers import byte_level_tokenizer
@@ -45,7 +49,8 @@ def load_model(config: ModelConfig, quantization_config: Any | None = None,
     ``images``: data.images, whose channels and size shape the image presets."""
     dtype = TORCH_DTYPES[config.dtype]
     if config.path:
-        return _from_folder(Path(config.path), config.task, dtype, quantization_config)
+        return _from_folder(Path(config.path), config.task, dtype, quantization_config,
+                            config.labels)
     if config.preset in IMAGE_PRESETS or (config.preset and config.task is Task.AUTOENCODER):
         model = build_image_preset(config, images or ImagesConfig())
         return LoadedModel(model.to(dtype), None, is_transformers=False)
@@ -81,24 +86,30 @@ def _import_file(file: Path) -> Any:
 def _auto_class(task: Task):
     import transformers
 
-    classes = {
-        Task.CAUSAL_LM: transformers.AutoModelForCausalLM,
-        Task.SEQUENCE_CLASSIFICATION: transformers.AutoModelForSequenceClassification,
-    }
+    classes = {Task.CAUSAL_LM: transformers.AutoModelForCausalLM}  # see _load_classifier
     if task not in classes:
         raise ModelError(f"model.path cannot load model.task={task}; use model.factory")
     return classes[task]
 
 
 def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
-                 quantization_config: Any | None = None) -> LoadedModel:
+                 quantization_config: Any | None = None, labels: tuple[str, ...] = ()
+                 ) -> LoadedModel:
     from transformers import AutoTokenizer
 
     check_config_json(folder)
     check_weight_files(folder)
+    classifies = task is Task.SEQUENCE_CLASSIFICATION
+    if classifies and not labels:
+        raise ModelError(f"model.path={folder}: model.task=sequence-classification needs "
+                         "model.labels (the classes) before the model can be built")
     try:
-        model = _auto_class(task).from_pretrained(folder, dtype=dtype,
-                                                  quantization_config=quantization_config)
+        if classifies:
+            model = _load_classifier(folder, labels, dtype=dtype,
+                                     quantization_config=quantization_config)
+        else:
+            model = _auto_class(task).from_pretrained(folder, dtype=dtype,
+                                                      quantization_config=quantization_config)
     except (OSError, ValueError, SafetensorError) as error:
         reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
         raise ModelError(f"model.path={folder}: cannot load the model ({reason})") from None
@@ -112,7 +123,38 @@ def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
                 f"({model.config.vocab_size}) is too small for the byte-level fallback"
             ) from None
     _ensure_pad_token(tokenizer)
+    if classifies and model.config.pad_token_id is None:
+        # Decoder classifiers (Llama, GPT-2) read the logits at the last token that is not
+        # padding, and refuse batches without knowing which token pads.
+        model.config.pad_token_id = tokenizer.pad_token_id
     return LoadedModel(model, tokenizer, is_transformers=True)
+
+
+def _load_classifier(folder: Path, labels: tuple[str, ...], dtype: torch.dtype,
+                     quantization_config: Any | None) -> nn.Module:
+    """A sequence classifier of ``labels`` from a folder that usually has no head yet.
+    transformers' load report would list the head's weights as missing, which is what a
+    new head is; weights missing anywhere else start random too, and are warned about."""
+    from transformers import AutoModelForSequenceClassification
+    from transformers.utils import logging as transformers_logging
+
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        model, loading = AutoModelForSequenceClassification.from_pretrained(
+            folder, dtype=dtype, quantization_config=quantization_config,
+            output_loading_info=True, **label_arguments(labels))
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    head = set(head_names(model))
+    elsewhere = sorted(key for key in loading["missing_keys"] if key.split(".")[0] not in head)
+    if elsewhere:
+        warnings.warn(
+            f"model.path={folder}: {len(elsewhere)} weights outside the classification head "
+            f"({', '.join(sorted(head))}) are not in the checkpoint and start random (e.g. "
+            f"{elsewhere[0]}); with adapters they stay so unless adapter.trainable_modules "
+            "names their modules", stacklevel=3)
+    return model
 
 
 def _from_preset(name: str, dtype: torch.dtype, quantization_config: Any | None) -> LoadedModel:

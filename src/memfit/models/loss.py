@@ -1,5 +1,6 @@
-"""The causal-LM loss as a SUM over label tokens, shared by training and the planner
-(which traces it on fake tensors to count the logits' memory)."""
+"""Losses as SUMS (causal LM: over label tokens; classification and reconstruction: over
+examples), shared by training and the planner (which traces them on fake tensors to count
+the logits' memory)."""
 
 from __future__ import annotations
 
@@ -29,3 +30,15 @@ def reconstruction_loss_sum(reconstruction: torch.Tensor, target: torch.Tensor, 
     batch; reconstruction and target are (B, C, H, W)."""
     loss = F.mse_loss if kind == "mse" else F.l1_loss
     return loss(reconstruction.float(), target.float(), reduction="sum") / target[0].numel()
+
+
+def classification_logits(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
+    """A sequence classifier's (batch, classes) logits; the labels stay out of forward,
+    whose own loss would depend on config.problem_type."""
+    return model(**{name: value for name, value in batch.items() if name != "labels"}).logits
+
+
+def classification_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of (batch, classes) logits against (batch,) class ids, summed over the
+    batch, in fp32."""
+    return F.cross_entropy(logits.float(), labels, reduction="sum")

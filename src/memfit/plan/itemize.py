@@ -39,7 +39,12 @@ from torch import nn
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision, Task
 from memfit.models.load import import_object
-from memfit.models.loss import causal_lm_loss_sum, reconstruction_loss_sum
+from memfit.models.loss import (
+    causal_lm_loss_sum,
+    classification_logits,
+    classification_loss_sum,
+    reconstruction_loss_sum,
+)
 from memfit.plan import costs, meta
 from memfit.plan.trace import TraceResult, trace_micro_batch
 
@@ -233,6 +238,17 @@ def _workload(config: Config, built: meta.MetaModel, example_batch: ExampleBatch
             return make_batch, lambda model, batch: chunked_loss.causal_lm_loss_sum(
                 model, batch, chunk_tokens)
         return make_batch, causal_lm_loss_sum
+    if config.model.task is Task.SEQUENCE_CLASSIFICATION:
+        size, length = config.train.micro_batch_size, config.data.max_length
+
+        def make_classified_batch() -> dict[str, Any]:
+            # Examples as long as data.max_length allows (the longest a batch can be).
+            return {"input_ids": torch.zeros((size, length), dtype=torch.long),
+                    "attention_mask": torch.ones((size, length), dtype=torch.long),
+                    "labels": torch.zeros(size, dtype=torch.long)}
+
+        return make_classified_batch, lambda model, batch: classification_loss_sum(
+            classification_logits(model, batch), batch["labels"])
     if example_batch is None:
         raise ConfigError("planning a model.factory or image model needs one example "
                           "micro-batch: pass example_batch={name: tensor} to memfit.plan")

@@ -14,6 +14,10 @@ A factory runs under the meta device with ``from_pretrained`` building from the 
 
 Hugging Face models can be built with fewer layers (``layers=``) so the planner can trace
 activations of a 70B model in seconds and extrapolate per layer.
+
+A sequence classifier gets the head training would give it: the classes of
+``models.classifier.with_classes`` when data.path is set (else model.labels,
+model.num_labels, or the folder's own config), trained in full beside adapters.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from torch import nn
 
 from memfit._utils.errors import ModelError
 from memfit.config.schema import AdapterKind, BaseQuantization, Config, Precision, Task
+from memfit.models.classifier import head_names, label_arguments, with_classes
 from memfit.models.load import TORCH_DTYPES, build_image_preset, import_object
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
 from memfit.plan.pretrained_on_meta import from_pretrained_on_meta
@@ -88,6 +93,8 @@ def build(config: Config, layers: int | None = None, device: str = "cuda") -> Me
         model, is_transformers, depth_used = _from_factory(config), False, None
     else:
         base_config = _with_layers(base_config, layers)
+        if config.model.task is Task.SEQUENCE_CLASSIFICATION:
+            base_config = _with_classes(base_config, config)
         model, is_transformers = _from_hf_config(base_config, config.model.task), True
         depth_used = depth(base_config)
     model.to(dtype)
@@ -103,6 +110,21 @@ def _with_layers(transformers_config, layers: int | None):
     if getattr(shorter, "layer_types", None):  # per-layer attention kinds (Gemma-2, Qwen2)
         shorter.layer_types = list(shorter.layer_types)[:layers]
     return shorter
+
+
+def _with_classes(transformers_config, config: Config):
+    """The transformers config of a sequence classifier with the classes it will train."""
+    if config.data.path is not None:
+        config = with_classes(config)
+    labels = config.model.labels or tuple(
+        f"LABEL_{index}" for index in range(config.model.num_labels
+                                            or transformers_config.num_labels))
+    shaped = copy.deepcopy(transformers_config)
+    for key, value in label_arguments(labels).items():
+        setattr(shaped, key, value)
+    if shaped.pad_token_id is None:  # decoder classifiers refuse batches without one
+        shaped.pad_token_id = 0
+    return shaped
 
 
 def _from_hf_config(transformers_config, task: Task) -> nn.Module:
@@ -140,7 +162,9 @@ def _apply_techniques(model: nn.Module, config: Config, is_transformers: bool,
     if config.memory.gradient_checkpointing:
         model = checkpointing.apply(model, config.memory, is_transformers)
     if adapter.kind is not AdapterKind.NONE:
-        model = lora.apply(model, adapter)
+        classifier_head = (head_names(model) if config.model.task is Task.SEQUENCE_CLASSIFICATION
+                           else ())
+        model = lora.apply(model, adapter, classifier_head=classifier_head)
         if adapter.kind is AdapterKind.QLORA:
             _quantize_frozen_linears(model, config, head, quantized_path(config, device))
         if adapter.frozen_in_compute_dtype and config.precision in (Precision.BF16,

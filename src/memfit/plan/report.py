@@ -21,6 +21,8 @@ def _micro_batch(config: Config) -> str:
     size = config.train.micro_batch_size
     if config.data.format in TOKEN_FORMATS:
         return f"{size} x {config.data.max_length} tokens"
+    if config.data.format is DataFormat.CLASSIFICATION:
+        return f"{size} texts of up to {config.data.max_length} tokens"
     if config.data.format is DataFormat.IMAGES:
         side = config.data.images.size
         return f"{size} images" + (f" of {side}x{side}" if side else "")

@@ -6,18 +6,23 @@ We resolve targets to exact module names ourselves (PEFT matches name suffixes a
 "all-linear" only for transformers models), so the same kinds work on any nn.Module — a
 Llama, a ViT, or a convolutional autoencoder — and a target that matches nothing is an
 error that lists what could have matched.
+
+A sequence classifier's new head (``models.classifier.head_names``) is never adapted: it
+starts random, so it trains in full beside the adapters, and the adapter is saved with
+PEFT's ``task_type=SEQ_CLS``, as PEFT itself does for that task.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from fnmatch import fnmatchcase
 
 from torch import nn
 
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import AdapterConfig
+from memfit.models.classifier import HEAD_SUFFIXES
 from memfit.techniques.lora_placements import PLACEMENTS, placed_modules
 
 KINDS = ("attention-qv", "attention", "mlp", "all-linear", "conv")
@@ -142,12 +147,23 @@ def resolve_trainable_modules(model: nn.Module, patterns: tuple[str, ...]) -> li
     return chosen
 
 
-def apply(model: nn.Module, config: AdapterConfig) -> nn.Module:
-    """Wrap ``model`` in a PEFT model with LoRA (or DoRA) on the resolved targets."""
+def apply(model: nn.Module, config: AdapterConfig,
+          classifier_head: Sequence[str] = ()) -> nn.Module:
+    """Wrap ``model`` in a PEFT model with LoRA (or DoRA) on the resolved targets.
+    ``classifier_head``: a sequence classifier's new head (top-level module names)."""
     from peft import LoraConfig, get_peft_model
 
-    targets = resolve_targets(model, config)
-    trainable = resolve_trainable_modules(model, config.trainable_modules)
+    targets = [name for name in resolve_targets(model, config)
+               if not inside_parts(name, classifier_head)]
+    if not targets:
+        raise ConfigError(f"adapter.targets={list(config.targets)} matched only the new "
+                          f"classification head ({', '.join(classifier_head)}), which trains "
+                          "in full; target the layers below it (e.g. all-linear)")
+    # PEFT copies a whole module: the head's, and no part of it again. With task_type
+    # SEQ_CLS it adds "classifier" and "score" to modules_to_save itself.
+    trainable = [name for name in resolve_trainable_modules(model, config.trainable_modules)
+                 if not inside_parts(name, classifier_head)]
+    trainable += [name for name in classifier_head if name not in HEAD_SUFFIXES]
     overlap = sorted(set(targets) & set(trainable))
     if overlap:
         raise ConfigError(f"adapter.trainable_modules and adapter.targets both name {overlap[0]}"
@@ -159,6 +175,7 @@ def apply(model: nn.Module, config: AdapterConfig) -> nn.Module:
         # 'fc' cannot also catch 'encoder.fc' as a suffix match would.
         target_modules="^(?:" + "|".join(re.escape(name) for name in targets) + ")$",
         modules_to_save=trainable or None,
+        task_type="SEQ_CLS" if classifier_head else None,
     )
     # PEFT keeps adapter weights in fp32 even on a bf16/4-bit base (autocast_adapter_dtype).
     return get_peft_model(model, lora)

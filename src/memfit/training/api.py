@@ -112,7 +112,7 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
             if main:
                 header = (f"# memory.auto chose {choice['strategy']}: {choice['reason']}\n"
                           if choice else "")
-                write_text(run_dir / "config.yaml", header + to_yaml(config))
+                write_text(run_dir / "config.yaml", header + to_yaml(run.config))
                 _write_adapter_map(run, run_dir)
         else:
             run_dir = Path(resume)
@@ -120,7 +120,7 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
             if state.step >= run.total_steps and (run_dir / "summary.json").is_file():
                 return _already_finished(run_dir, state)
             if main:
-                _record_resumed_config(run_dir, config)
+                _record_resumed_config(run_dir, run.config)
         return _train_in(run, run_dir, state, resumed_from, choice)
     finally:
         if folder is not None:
@@ -246,6 +246,11 @@ def _summary(run: Run, result, run_dir: Path, exported: Path,
         "device": str(run.device),
         "exported": str(exported),
     }
+    last_eval = max((r for r in records if r.get("eval_loss") is not None),
+                    key=lambda r: r["step"], default={})
+    for key in ("eval_accuracy", "eval_macro_f1"):  # classifiers' evaluations have them
+        if key in last_eval:
+            summary[key] = last_eval[key]
     peak = _peak(records, result)
     if peak is not None:
         summary["memory_peak_bytes"], summary["memory_peak_by_category"] = peak

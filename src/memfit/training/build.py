@@ -2,6 +2,8 @@
 
 0. data.max_length within the model's context (plan.context; reads config.json only)
 1. seeds                      (weights of presets, LoRA init, data split all depend on them)
+   classes                    (model.task=sequence-classification: model.labels and
+                               model.num_labels from the training data; Run.config has them)
 2. model + tokenizer          (models.load; Hugging Face folders load quantized for qlora)
 3. data                       (data.build_datasets; fails early on bad rows)
 4. quantized base             (techniques.quantize; built models, adapter.kind=qlora)
@@ -33,6 +35,7 @@ from memfit import distributed
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision, Task
 from memfit.data import Splits, build_datasets, collate
 from memfit.distributed import fsdp
+from memfit.models.classifier import HEAD_SUFFIXES, head_names, with_classes
 from memfit.models.export_module import exported_module
 from memfit.models.load import LoadedModel, load_model
 from memfit.models.presets import DEMO_BASE
@@ -121,8 +124,11 @@ def load_base(config: Config) -> LoadedModel:
     ``memfit merge``, which must rebuild exactly the base the adapters were trained on)."""
     qlora = config.adapter.kind is AdapterKind.QLORA
     hf_folder = bool(config.model.path) or config.model.preset == DEMO_BASE
+    unquantized = list(config.adapter.trainable_modules)
+    if config.model.task is Task.SEQUENCE_CLASSIFICATION:
+        unquantized += HEAD_SUFFIXES  # the new head trains in full
     loaded = load_model(config.model, quantize.bnb_config(
-        config.adapter, config.precision, list(config.adapter.trainable_modules))
+        config.adapter, config.precision, unquantized)
         if qlora and hf_folder else None, images=config.data.images)
     if qlora and not hf_folder:
         keep = lora.output_layer_names(loaded.model) | set(
@@ -148,7 +154,9 @@ def prepare_model(loaded: LoadedModel, config: Config) -> tuple[nn.Module, list[
     if config.memory.gradient_checkpointing:
         model = checkpointing.apply(model, config.memory, loaded.is_transformers)
     if config.adapter.kind is not AdapterKind.NONE:
-        model = lora.apply(model, config.adapter)
+        head = (head_names(model) if config.model.task is Task.SEQUENCE_CLASSIFICATION
+                else ())
+        model = lora.apply(model, config.adapter, classifier_head=head)
     storage_dtype = frozen_storage_dtype(config)
     if storage_dtype is not None:
         quantize.store_frozen_in(model, storage_dtype)
@@ -176,8 +184,10 @@ def shard(model: nn.Module, config: Config, device: torch.device) -> nn.Module:
 def build_run(config: Config) -> Run:
     check_max_length(config)
     seed_everything(config.train.seed)
+    config = with_classes(config)
     loaded = load_base(config)
-    splits = build_datasets(config.data, loaded.tokenizer, seed=config.train.seed)
+    splits = build_datasets(config.data, loaded.tokenizer, seed=config.train.seed,
+                            labels=config.model.labels)
     model, warnings = prepare_model(loaded, config)
     exported_module(model, config.model.export_module)  # a bad name fails before training
     for warning in warnings:
@@ -209,7 +219,9 @@ def build_run(config: Config) -> Run:
                             loss_chunk_tokens=config.memory.loss_chunk_tokens
                             if config.memory.chunked_loss else None,
                             reconstruction_loss=config.model.reconstruction_loss.value
-                            if config.model.task is Task.AUTOENCODER else None),
+                            if config.model.task is Task.AUTOENCODER else None,
+                            classification=config.model.task
+                            is Task.SEQUENCE_CLASSIFICATION),
         optimizer=optimizer, scheduler=scheduler,
         scaler=grad_scaler(config.precision, device), device=device, total_steps=total_steps,
         adapter_map=adapters,

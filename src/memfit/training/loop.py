@@ -27,7 +27,6 @@ the ranks would disagree on the micro-batch, so the job stops with the error.
 from __future__ import annotations
 
 import gc
-import math
 import signal
 import time
 import warnings
@@ -79,12 +78,12 @@ def _to_device(batch: dict[str, torch.Tensor], device: torch.device,
 
 
 def evaluate(run: Run) -> dict[str, float] | None:
-    """Means per item over the whole eval split (None when there is none): ``loss``, and
-    any other metric the objective sums (``psnr``, ``ssim`` for autoencoders)."""
+    """The objective's metrics over the whole eval split (None when there is none):
+    ``loss`` (mean per item) and those of its task (``Objective.eval_metrics``)."""
     if len(run.splits.eval) == 0:
         return None
     run.model.eval()
-    totals: dict[str, float] = {}
+    totals: dict[str, torch.Tensor] = {}
     items = 0
     # FSDP2 reuses its all-gather buffers in training, which inference tensors cannot be.
     no_grad = torch.no_grad() if distributed.is_distributed() else torch.inference_mode()
@@ -92,17 +91,15 @@ def evaluate(run: Run) -> dict[str, float] | None:
         for batch in eval_batches(run.splits.eval, run.eval_batch_size, run.collate):
             batch = _to_device(batch, run.device, run.config.precision)
             for name, value in run.objective.eval_sums(run.model, batch).items():
-                totals[name] = totals.get(name, 0.0) + value.item()
+                value = value.to("cpu", torch.float64)  # float64: sums over the whole split
+                totals[name] = totals[name] + value if name in totals else value
             items += run.objective.count(batch)
     run.model.train()
-    return {name: total / max(items, 1) for name, total in totals.items()}
+    return run.objective.eval_metrics(totals, items)
 
 
 def _eval_record(step: int, metrics: dict[str, float]) -> dict:
-    loss = metrics["loss"]
-    extra = {f"eval_{name}": value for name, value in metrics.items() if name != "loss"}
-    return {"step": step, "eval_loss": loss, "eval_perplexity": math.exp(min(loss, 50.0)),
-            **extra}
+    return {"step": step, **{f"eval_{name}": value for name, value in metrics.items()}}
 
 
 def _forward_backward(run: Run, micro_batches: list[dict], items: int, layerwise: bool) -> float:

@@ -5,6 +5,7 @@ not average per-micro-batch means (transformers PR #34191 explains the bias that
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -12,8 +13,14 @@ import torch
 from torch import nn
 
 from memfit.data import count_loss_tokens
-from memfit.models.loss import causal_lm_loss_sum, reconstruction_loss_sum
+from memfit.models.loss import (
+    causal_lm_loss_sum,
+    classification_logits,
+    classification_loss_sum,
+    reconstruction_loss_sum,
+)
 from memfit.techniques import chunked_loss
+from memfit.training.class_metrics import accuracy, confusion, macro_f1
 from memfit.training.image_metrics import psnr, ssim
 
 
@@ -44,8 +51,12 @@ class Objective:
     def __init__(self, causal_lm: bool,
                  loss_function: Callable[[Any, dict], torch.Tensor] | None = None,
                  loss_chunk_tokens: int | None = None,
-                 reconstruction_loss: str | None = None):
+                 reconstruction_loss: str | None = None,
+                 classification: bool = False):
         self.causal_lm = causal_lm
+        # model.task=sequence-classification: mean cross-entropy per example; the batch's
+        # "labels" are (B,) class ids.
+        self.classification = classification
         self.loss_function = loss_function
         self.loss_chunk_tokens = loss_chunk_tokens  # memory.chunked_loss; None: unchunked
         # model.task=autoencoder: "mse" or "l1"; the batch holds "images" (the model's
@@ -67,17 +78,38 @@ class Objective:
             return causal_lm_loss_sum(model, batch)
         if self.reconstruction_loss:
             return self._reconstruct(model, batch)[0]
+        if self.classification:
+            return classification_loss_sum(classification_logits(model, batch), batch["labels"])
         return module_loss_sum(model, batch, self.loss_function)
 
     def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]
                   ) -> dict[str, torch.Tensor]:
-        """Sums over the micro-batch for evaluation: ``loss`` and, for autoencoders,
-        ``psnr`` and ``ssim`` (summed per image; the caller divides by the item count)."""
+        """Sums over the micro-batch for evaluation, which the caller adds up over the eval
+        split and hands to ``eval_metrics``: ``loss``; for autoencoders ``psnr`` and
+        ``ssim`` (summed per image); for classifiers ``confusion`` (class_metrics)."""
+        if self.classification:
+            logits = classification_logits(model, batch)
+            return {"loss": classification_loss_sum(logits, batch["labels"]),
+                    "confusion": confusion(batch["labels"], logits)}
         if not self.reconstruction_loss:
             return {"loss": self.loss_sum(model, batch)}
         loss, reconstruction, target = self._reconstruct(model, batch)
         return {"loss": loss, "psnr": psnr(reconstruction, target).sum(),
                 "ssim": ssim(reconstruction, target).sum()}
+
+    def eval_metrics(self, sums: dict[str, torch.Tensor], items: int) -> dict[str, float]:
+        """The eval split's metrics from its summed ``eval_sums``: each sum's mean per item
+        (``loss`` first), ``perplexity`` for language models only (exp of the mean token
+        loss; it means nothing for other losses), ``accuracy`` and ``macro_f1`` for
+        classifiers."""
+        metrics = {name: float(total) / max(items, 1) for name, total in sums.items()
+                   if name != "confusion"}
+        if self.causal_lm:
+            metrics["perplexity"] = math.exp(min(metrics["loss"], 50.0))
+        if "confusion" in sums:
+            metrics.update(accuracy=accuracy(sums["confusion"]),
+                           macro_f1=macro_f1(sums["confusion"]))
+        return metrics
 
     def _reconstruct(self, model: nn.Module, batch: dict[str, torch.Tensor]
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

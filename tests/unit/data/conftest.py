@@ -65,8 +65,10 @@ def make_cfg(path: str | os.PathLike, format: str, **overrides: object) -> types
         "format": format,
         "max_length": 64,
         "eval_fraction": 0.0,
+        "eval_path": None,
         "pack": False,
         "text_field": "text",
+        "label_field": "label",
     }
     fields.update(overrides)
     return types.SimpleNamespace(**fields)
