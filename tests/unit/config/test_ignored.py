@@ -48,8 +48,13 @@ def test_a_complete_mapping_chooses_only_what_differs_from_the_default():
                                                   "project_in_backward": False}}},
      "optimizer.galore.project_in_backward"),
     ({"train": {"max_consecutive_skips": 2}}, "train.max_consecutive_skips"),
+    ({"data": {"eval_path": "eval.jsonl", "eval_fraction": 0.2}}, "data.eval_fraction"),
+    ({"data": {"label_field": "topic"}}, "data.label_field"),
+    ({"data": {"format": "instruction", "text_field": "body"}}, "data.text_field"),
+    ({"model": {"num_labels": 3}}, "model.num_labels"),
 ])
 def test_each_rule_names_the_key(raw, key):
-    merged = {**BASE, **raw, "data": {**BASE["data"], **raw.get("data", {})}}
+    merged = {**BASE, **raw, "data": {**BASE["data"], **raw.get("data", {})},
+              "model": {**BASE["model"], **raw.get("model", {})}}
     with pytest.warns(IgnoredKeyWarning, match=rf"^{key}=\S+ is ignored: "):
         from_mapping(merged)

@@ -44,3 +44,13 @@ def test_padding_without_a_pad_token_is_refused():
         collate([example([1, 2], [1, 2]), example([1], [1])])
     same_length = collate([example([1, 2], [1, 2]), example([3, 4], [3, 4])])
     assert same_length["input_ids"].shape == (2, 2)
+
+
+def test_one_label_per_example_is_stacked_while_tokens_are_padded():
+    short, long = torch.tensor([5, 6]), torch.tensor([7, 8, 9])
+    batch = collate([{"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                      "labels": torch.tensor(label)} for ids, label in ((short, 1), (long, 0))],
+                    pad_token_id=0)
+    assert batch["input_ids"].tolist() == [[5, 6, 0], [7, 8, 9]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 0], [1, 1, 1]]
+    assert batch["labels"].tolist() == [1, 0]

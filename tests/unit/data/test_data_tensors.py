@@ -51,3 +51,38 @@ def test_a_pt_file_must_hold_a_dict_of_tensors(tmp_path, cfg):
     torch.save([IMAGES], tmp_path / "d.pt")
     with pytest.raises(DataError, match=r"d.pt must hold a non-empty dict of named tensors"):
         build_datasets(cfg(tmp_path / "d.pt", "tensors"), None)
+
+
+def test_files_whose_shapes_cannot_batch_together_are_rejected_naming_both(tmp_path, cfg):
+    (tmp_path / "parts").mkdir()
+    torch.save({"images": IMAGES[:6], "targets": TARGETS[:6]}, tmp_path / "parts" / "a.pt")
+    torch.save({"images": IMAGES[6:, :1], "targets": TARGETS[6:]}, tmp_path / "parts" / "b.pt")
+    with pytest.raises(DataError, match=r"b.pt: images has shape \(4, 1, 4, 4\) but data file "
+                                        r".*a.pt has \(6, 2, 4, 4\)"):
+        build_datasets(cfg(tmp_path / "parts", "tensors"), None)
+
+
+def test_eval_path_is_the_whole_eval_split_with_the_training_shapes(tmp_path, cfg):
+    torch.save({"images": IMAGES, "targets": TARGETS}, tmp_path / "train.pt")
+    torch.save({"images": IMAGES[:3], "targets": TARGETS[:3]}, tmp_path / "eval.pt")
+    data = cfg(tmp_path / "train.pt", "tensors", eval_path=str(tmp_path / "eval.pt"))
+    splits = build_datasets(data, None)
+    assert (len(splits.train), len(splits.eval)) == (10, 3)
+    torch.save({"images": IMAGES[:3, :, :2], "targets": TARGETS[:3]}, tmp_path / "eval.pt")
+    with pytest.raises(DataError, match=r"data.eval_path .*eval.pt: images has shape "
+                                        r"\(3, 2, 2, 4\) but data.path .*train.pt has"):
+        build_datasets(data, None)
+
+
+def test_token_arrays_need_a_mask_per_token(tmp_path, cfg):
+    ids = torch.ones(4, 6, dtype=torch.long)
+    torch.save({"input_ids": ids, "attention_mask": ids[:, :5], "labels": torch.arange(4)},
+               tmp_path / "d.pt")
+    with pytest.raises(DataError, match=r"attention_mask has shape \(4, 5\) but input_ids "
+                                        r"\(4, 6\)"):
+        build_datasets(cfg(tmp_path / "d.pt", "tensors"), None)
+    torch.save({"input_ids": ids, "attention_mask": ids, "labels": torch.arange(4)},
+               tmp_path / "d.pt")
+    splits = build_datasets(cfg(tmp_path / "d.pt", "tensors"), None)
+    batch = collate([splits.train[0], splits.train[1]])
+    assert batch["labels"].tolist() == [0, 1] and batch["input_ids"].shape == (2, 6)
