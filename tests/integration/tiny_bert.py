@@ -57,7 +57,7 @@ def write_tiny_bert(folder: Path) -> Path:
     torch.manual_seed(0)
     config = BertConfig(vocab_size=wordpiece.get_vocab_size(), hidden_size=32,
                         num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-                        max_position_embeddings=64, hidden_dropout_prob=0.0,
+                        max_position_embeddings=128, hidden_dropout_prob=0.0,
                         attention_probs_dropout_prob=0.0)
     BertModel(config).save_pretrained(folder)
     return folder
