@@ -270,13 +270,24 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
-    if not args.debug:
-        warnings.formatwarning = _one_line_warning
+    # transformers' per-file loading bars would interleave with memfit's own output.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    if args.debug:
+        return _run(args)
+    # Both restored on return: main may run in-process (tests, notebooks).
+    with warnings.catch_warnings():
         # Libraries' notes to their own developers (e.g. PEFT calling a deprecated
         # transformers attribute) are not something a memfit user can act on.
         warnings.simplefilter("ignore", FutureWarning)
-    # transformers' per-file loading bars would interleave with memfit's own output.
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        previous, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+        try:
+            return _run(args)
+        finally:
+            warnings.formatwarning = previous
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, with expected failures as one line and their exit status."""
     try:
         return args.handler(args)
     except MemfitError as error:
