@@ -196,6 +196,9 @@ def test_bad_rows_are_one_line_and_write_nothing(task: Path, tmp_path: Path, row
                             "go together",)),
     (["model.labels=[positive, negative, positive]"], ("each once",)),
     (["model.labels=[positive]", "model.num_labels=2"], ("at least 2 classes",)),
+    (["adapter.kind=lora", "adapter.targets=[classifier]"],
+     ("matched only the new classification head (classifier)", "trains in full")),
+    (["model.path=null", "model.preset=tiny-llama"], ("set model.path instead of model.preset",)),
 ])
 def test_bad_keys_are_one_line_and_write_nothing(task: Path, tmp_path: Path, overrides,
                                                  fragments):
