@@ -207,7 +207,7 @@ def _train_in(run: Run, run_dir: Path, state: TrainerState, resumed_from: int | 
         plot_memory(measured, run_dir / "memory.png")
     has_adapter = config.adapter.kind is not AdapterKind.NONE
     exported = export_trained(run_dir, run.model, run.tokenizer, has_adapter, run.is_transformers,
-                              state_dict=full_state)
+                              config.model.export_module, state_dict=full_state)
     summary = _summary(run, result, run_dir, exported, records)
     if choice:
         summary["auto_fit"] = choice
