@@ -73,11 +73,12 @@ def merged_model(run_dir: Path) -> tuple[nn.Module, object | None, bool]:
         # those values (cast back to model.dtype below).
         quantize.store_frozen_in(base, storage_dtype)
     quantize.dequantize(base, dtype)
-    base.to(dtype)
     target = exported_module(base, config.model.export_module)
     quantizer = getattr(target, "hf_quantizer", None)
     if quantizer is not None:  # a normal folder again: no quantization_config in config.json
+        # (and transformers refuses to cast a model it still takes for a bitsandbytes one)
         quantizer.remove_quantization_config(target)
+    base.to(dtype)
     merged = PeftModel.from_pretrained(target, adapter_dir).merge_and_unload()
     load_trained_buffers(adapter_dir, merged)
     is_transformers = loaded.is_transformers or config.model.export_module is not None

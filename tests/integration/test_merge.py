@@ -77,3 +77,22 @@ def test_merging_a_run_without_adapters_is_a_one_line_error(tmp_path: Path, caps
     assert capsys.readouterr().err == (f"memfit: error: memfit merge {tmp_path / 'run'}: no "
                                        "config.yaml there (not a run folder)\n")
     assert not (tmp_path / "x").exists()
+
+
+def test_qlora_run_on_a_hugging_face_folder_merges(tmp_path: Path, instructions: Path):
+    """demo-base loads from its folder through transformers' bitsandbytes quantizer, which
+    refuses a dtype cast until memfit has dequantized and unmarked it."""
+    from transformers import AutoModelForCausalLM
+
+    run_dir = train_in_process(tiny_run_arguments(
+        instructions, tmp_path / "run", "model.preset=demo-base", "train.max_steps=2",
+        "optimizer.lr=1e-2", "adapter.kind=qlora", "adapter.rank=4", "log.tensorboard=false",
+        "data.eval_fraction=0"))
+    result = run_cli("merge", str(run_dir), "--out", str(tmp_path / "merged"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    input_ids = torch.randint(3, 250, (2, 24))
+    with torch.no_grad():
+        expected = adapter_model(run_dir)(input_ids=input_ids).logits
+        actual = merged(input_ids=input_ids).logits
+    torch.testing.assert_close(actual, expected, rtol=1e-3, atol=1e-3)
