@@ -48,13 +48,27 @@ def run_section(heading: str, folder: Path) -> list[str]:
     """Write the section's files into ``folder`` and run its commands there; returns what
     each command printed."""
     printed = []
-    for block in section_blocks(heading):
-        if block.language == "bash":
-            printed += [run_line(line, folder) for line in block.body.splitlines()
-                        if line.strip()]
-        else:
-            (folder / block.name).write_text(block.body)
+    with no_loading_bars():
+        for block in section_blocks(heading):
+            if block.language == "bash":
+                printed += [run_line(line, folder) for line in block.body.splitlines()
+                            if line.strip()]
+            else:
+                (folder / block.name).write_text(block.body)
     return printed
+
+
+@contextlib.contextmanager
+def no_loading_bars() -> Iterator[None]:
+    """What the CLI does for a fresh process (HF_HUB_DISABLE_PROGRESS_BARS, read when
+    transformers is imported), done here, where transformers may have been imported."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.enable_progress_bar()
 
 
 @contextlib.contextmanager

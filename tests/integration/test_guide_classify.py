@@ -7,20 +7,8 @@ import json
 import re
 from pathlib import Path
 
-import pytest
 from guide_helpers import run_section
 from tiny_bert import write_tiny_bert
-
-
-@pytest.fixture(autouse=True)
-def no_loading_bars():
-    """What the CLI does for a fresh process (HF_HUB_DISABLE_PROGRESS_BARS, read when
-    transformers is imported), done here, where transformers may have been imported."""
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
-    yield
-    logging.enable_progress_bar()
 
 
 def test_classify_text_runs_as_the_guide_shows(tmp_path: Path):
