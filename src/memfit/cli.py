@@ -90,6 +90,9 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     if summary["eval_loss_before"] is not None:
         print(f"eval loss     {summary['eval_loss_before']:.4f} -> "
               f"{summary['eval_loss_after']:.4f}")
+    if summary.get("eval_accuracy") is not None:
+        print(f"eval accuracy {summary['eval_accuracy']:.4f} (macro-F1 "
+              f"{summary['eval_macro_f1']:.4f})")
     if summary.get("memory_not_measured"):
         print(f"peak memory   not measured: {summary['memory_not_measured']}")
     elif summary.get("memory_peak_bytes") is not None:

@@ -59,7 +59,10 @@ def train(task: Path, name: str, **sections: dict) -> tuple[Path, dict]:
     result = run_in_process("train", str(write_run_config(task, name, **sections)), cwd=task)
     assert result.returncode == 0, result.stderr
     run_dir = task / "runs" / name
-    return run_dir, json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (f"eval accuracy {summary['eval_accuracy']:.4f} (macro-F1 "
+            f"{summary['eval_macro_f1']:.4f})") in result.stdout
+    return run_dir, summary
 
 
 def predict(model: torch.nn.Module, tokenizer, texts: list[str]) -> torch.Tensor:
