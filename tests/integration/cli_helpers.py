@@ -5,10 +5,12 @@ A module of its own, not conftest.py: several test folders have a conftest, and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -61,7 +63,6 @@ def tiny_run_arguments(data: Path, output_dir: Path, *extra: str) -> list[str]:
 def run_in_process(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
     """``memfit ARGUMENTS`` in this process (no 5 s interpreter start-up per case), with
     ``cwd`` as the working directory; stdout/stderr captured as ``run_cli`` does."""
-    import contextlib
     import io
 
     from memfit.cli import main
@@ -104,3 +105,16 @@ def assert_one_line_error(result: subprocess.CompletedProcess, status: int,
     for fragment in fragments:
         assert fragment in lines[0], (fragment, lines[0])
     return lines[0]
+
+
+@contextlib.contextmanager
+def no_loading_bars() -> Iterator[None]:
+    """What the CLI does for a fresh process (HF_HUB_DISABLE_PROGRESS_BARS, read when
+    transformers is imported), for tests where transformers was imported already."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        logging.enable_progress_bar()

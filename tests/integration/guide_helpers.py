@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cli_helpers import run_in_process
+from cli_helpers import no_loading_bars, run_in_process
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "guide.md"
 FENCED_BLOCK = re.compile(r"^```(\w+)[ \t]*(\S*)\n(.*?)^```$", re.MULTILINE | re.DOTALL)
@@ -56,19 +56,6 @@ def run_section(heading: str, folder: Path) -> list[str]:
             else:
                 (folder / block.name).write_text(block.body)
     return printed
-
-
-@contextlib.contextmanager
-def no_loading_bars() -> Iterator[None]:
-    """What the CLI does for a fresh process (HF_HUB_DISABLE_PROGRESS_BARS, read when
-    transformers is imported), done here, where transformers may have been imported."""
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        logging.enable_progress_bar()
 
 
 @contextlib.contextmanager

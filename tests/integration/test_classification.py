@@ -17,16 +17,7 @@ import yaml
 from cli_helpers import assert_one_line_error, run_in_process, tree_digest
 from tiny_bert import LABELS, review_rows, write_jsonl, write_tiny_bert
 
-
-@pytest.fixture(autouse=True)
-def no_loading_bars():
-    """What the CLI does for a fresh process (HF_HUB_DISABLE_PROGRESS_BARS, read when
-    transformers is imported), done here, where transformers is imported already."""
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
-    yield
-    logging.enable_progress_bar()
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 @pytest.fixture(scope="module")

@@ -39,15 +39,7 @@ def classifier():
 '''
 
 
-@pytest.fixture(autouse=True)
-def no_loading_bars():
-    """What the CLI does for a fresh process (HF_HUB_DISABLE_PROGRESS_BARS, read when
-    transformers is imported), done here, where transformers was imported first."""
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()
-    yield
-    logging.enable_progress_bar()
+pytestmark = pytest.mark.usefixtures("quiet_transformers")
 
 
 def write_base(folder: Path) -> Path:
