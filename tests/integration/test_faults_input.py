@@ -104,6 +104,18 @@ def test_truncated_safetensors_names_the_file(tmp_path: Path, model_folder: Path
             f"{size // 2} bytes, its header describes {size}")
 
 
+@pytest.mark.usefixtures("quiet_transformers")
+def test_a_damaged_tokenizer_is_refused_not_replaced(tmp_path: Path, model_folder: Path):
+    """A folder without tokenizer files falls back to memfit's byte-level tokenizer; one
+    whose tokenizer is damaged must not silently train with another tokenizer."""
+    from memfit.demo import demo_assets_dir
+
+    tokenizer = (demo_assets_dir() / "base" / "tokenizer.json").read_bytes()
+    (model_folder / "tokenizer.json").write_bytes(tokenizer[:300])
+    refused(tmp_path, model_arguments(tmp_path, model_folder),
+            "its tokenizer (tokenizer.json) cannot be loaded")
+
+
 @pytest.mark.parametrize("text, fragment", [
     ("{not json", "config.json is not valid JSON"),
     ("[1, 2]", "config.json must hold a JSON object"),

@@ -92,6 +92,10 @@ def _auto_class(task: Task):
     return classes[task]
 
 
+# Files that mean a folder ships its own tokenizer (a fallback would silently differ).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
 def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
                  quantization_config: Any | None = None, labels: tuple[str, ...] = ()
                  ) -> LoadedModel:
@@ -115,7 +119,13 @@ def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
         raise ModelError(f"model.path={folder}: cannot load the model ({reason})") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
-    except (OSError, ValueError, TypeError):
+    except Exception as error:  # noqa: BLE001 -- tokenizers has its own error types
+        present = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+        if present:  # the folder has a tokenizer, and it is damaged: never train without it
+            reason = str(error).strip().splitlines()[0][:200] if str(error).strip() \
+                else type(error).__name__
+            raise ModelError(f"model.path={folder}: its tokenizer ({', '.join(present)}) "
+                             f"cannot be loaded: {reason}") from None
         tokenizer = byte_level_tokenizer()
         if model.config.vocab_size < len(tokenizer):
             raise ModelError(

@@ -168,8 +168,9 @@ def _resume_state(run: Run, checkpoint: Path | None) -> tuple[TrainerState, int]
 
 
 def _already_finished(run_dir: Path, state: TrainerState) -> RunResult:
-    print(f"memfit: {run_dir} already finished at step {state.step}; raise train.max_steps "
-          "to train further", file=sys.stderr)
+    if distributed.is_main():
+        print(f"memfit: {run_dir} already finished at step {state.step}; raise "
+              "train.max_steps to train further", file=sys.stderr)
     summary = json.loads((run_dir / "summary.json").read_text())
     return RunResult(run_dir, state.step, summary=summary)
 
