@@ -278,6 +278,18 @@ def test_resume_may_split_the_same_effective_batch_differently(tmp_path: Path):
     assert resumed == pytest.approx(expected, rel=1e-5)
 
 
+def test_a_run_given_relative_paths_resumes_from_another_folder(tmp_path: Path):
+    run = tmp_path / "run"
+    config = regression_config(tmp_path, run, max_steps=2)
+    result = run_in_process("train", str(config), "data.path=regression.npz", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = run_in_process("train", "--resume", str(run), "train.max_steps=3", cwd=elsewhere)
+    assert result.returncode == 0, result.stderr
+    assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2, 3]
+
+
 def test_resume_applies_accepted_overrides(tmp_path: Path):
     run = tmp_path / "run"
     train_regression(tmp_path, run)

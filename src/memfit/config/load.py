@@ -65,7 +65,7 @@ def _resolve_relative_paths(raw: dict[str, Any], base: Path) -> None:
 
 def _resolve(path: str, base: Path) -> str:
     value = Path(path).expanduser()
-    return path if value.is_absolute() else str((base / value).resolve())
+    return str(value) if value.is_absolute() else str((base / value).resolve())
 
 
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
@@ -122,8 +122,11 @@ def load_config(path: str | Path | None, overrides: list[str], base: dict[str, A
     raw = dict(base or {})
     if path is not None:
         raw = merge(raw, read_yaml(path))
-    raw = merge(raw, parse_overrides(overrides))
-    return from_mapping(raw)
+    # Paths given on the command line are relative to where it runs; made absolute, so
+    # the run's config.yaml still names the same files when resumed from elsewhere.
+    given = parse_overrides(overrides)
+    _resolve_relative_paths(given, Path.cwd())
+    return from_mapping(merge(raw, given))
 
 
 def to_mapping(config: Any) -> Any:

@@ -101,3 +101,12 @@ def test_config_is_frozen():
     with pytest.raises(AttributeError):
         config.train = None  # type: ignore[misc]
     assert isinstance(config, Config)
+
+
+def test_relative_paths_given_as_overrides_become_absolute(tmp_path, monkeypatch):
+    """A run's config.yaml must name the same files when resumed from another folder."""
+    monkeypatch.chdir(tmp_path)
+    config = load_config(None, ["model.preset=tiny-llama", "data.path=rows.jsonl",
+                                "data.eval_path=~/eval.jsonl"])
+    assert config.data.path == str(tmp_path / "rows.jsonl")
+    assert config.data.eval_path == str(Path.home() / "eval.jsonl")
