@@ -264,6 +264,19 @@ def test_resume_refuses_changes_to_what_is_trained(tmp_path: Path, override: str
     assert tree_digest(run) == before
 
 
+def test_resume_refuses_a_hand_edited_config(tmp_path: Path):
+    """The run's config.yaml is where --resume reads the config from: an edit there is a
+    change too, caught against the configuration the checkpoint was trained with."""
+    run = tmp_path / "run"
+    train_regression(tmp_path, run, max_steps=2)
+    config = run / "config.yaml"
+    config.write_text(config.read_text().replace("lr: 0.01", "lr: 1.0"))
+    before = tree_digest(run)
+    result = run_in_process("train", "--resume", str(run), "train.max_steps=4", cwd=tmp_path)
+    assert_one_line_error(result, 2, "cannot change optimizer.lr (0.01 -> 1.0)", "config.yaml")
+    assert tree_digest(run) == before
+
+
 def test_resume_may_split_the_same_effective_batch_differently(tmp_path: Path):
     run = tmp_path / "run"
     train_regression(tmp_path, run, max_steps=2, lr_schedule="constant")
@@ -358,12 +371,12 @@ def test_the_record_of_a_resumed_run_is_the_whole_run(tmp_path: Path):
 
 @pytest.mark.skipif(sys.platform != "linux", reason="a private tmpfs needs Linux namespaces")
 def test_a_full_disk_is_one_line_and_leaves_no_half_written_checkpoint(tmp_path: Path):
-    """A real full disk: a 64 KiB tmpfs mounted in a private mount namespace."""
+    """A real full disk: a 160 KiB tmpfs mounted in a private mount namespace."""
     disk = tmp_path / "disk"
     disk.mkdir()
     config = regression_config(tmp_path, disk / "run", max_steps=50, save_every=1)
     # The tmpfs vanishes with the namespace: list what the failed run left from inside it.
-    script = (f"mount -t tmpfs -o size=64k tmpfs {disk} && {{ {sys.executable} -m memfit "
+    script = (f"mount -t tmpfs -o size=160k tmpfs {disk} && {{ {sys.executable} -m memfit "
               f"train {config}; status=$?; echo LEFT:; ls -a {disk}/run/checkpoints; "
               "exit $status; }")
     result = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script],

@@ -6,6 +6,7 @@ exactly as if never interrupted:
 - ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``  their state_dicts (tensors + numbers)
 - ``rng.pt``                  torch / CUDA / Python / NumPy generator states
 - ``trainer_state.json``      step, examples consumed (the data position), tokens seen
+- ``config.yaml``             the run's configuration these weights were trained with
 - ``manifest.json``           the kind, the step, every file's size and SHA-256 (manifest.py)
 
 Everything loads with safetensors or ``torch.load(weights_only=True)``: no pickled code.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -39,6 +41,8 @@ from memfit.checkpoint import index
 from memfit.checkpoint.manifest import CheckpointKind, Manifest, verify_checkpoint, write_manifest
 from memfit.distributed import checkpoint as sharded_checkpoint
 from memfit.distributed.fsdp import is_sharded
+
+CONFIG_FILE = "config.yaml"
 
 
 @dataclass
@@ -110,6 +114,8 @@ def save_checkpoint(run_dir: Path, state: TrainerState, model: nn.Module, optimi
             if scaler is not None:
                 _save_torch(scaler.state_dict(), folder / "scaler.pt")
             (folder / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
+            if (run_dir / CONFIG_FILE).is_file():  # what these weights were trained with
+                shutil.copyfile(run_dir / CONFIG_FILE, folder / CONFIG_FILE)
         distributed.barrier()  # every rank's files are complete before they are hashed
         if distributed.is_main():
             kind = CheckpointKind.SHARDED if sharded else CheckpointKind.SINGLE_PROCESS

@@ -30,12 +30,6 @@ def _resumable(key: str) -> bool:
                for allowed in RESUMABLE_KEYS)
 
 
-def changed_keys(saved: Config, resumed: Config) -> list[str]:
-    """The dotted keys whose values differ between two configs."""
-    before, after = flatten(to_mapping(saved)), flatten(to_mapping(resumed))
-    return sorted(key for key in before.keys() | after.keys() if before.get(key) != after.get(key))
-
-
 # How an optimizer step's examples are split: over processes, micro-batches and passes.
 # Any split of the same effective batch trains the same steps on the same examples (the
 # batch stream counts global examples and the loss is normalised over the whole step).
@@ -50,15 +44,19 @@ def effective_batch(config: Config) -> int:
 
 def check_resume_changes(saved: Config, resumed: Config, run_dir: str) -> list[str]:
     """Raise when ``resumed`` changes a key that would make it another run; returns the
-    (resumable) keys it changes."""
-    changed = changed_keys(saved, resumed)
+    (resumable) dotted keys it changes."""
+    before, after = flatten(to_mapping(saved)), flatten(to_mapping(resumed))
+    changed = sorted(key for key in before.keys() | after.keys()
+                     if before.get(key) != after.get(key))
     same_batch = effective_batch(saved) == effective_batch(resumed)
     refused = [key for key in changed
                if not (_resumable(key) or (same_batch and key in _BATCH_SPLIT_KEYS))]
     if refused:
+        shown = ", ".join(f"{key} ({before.get(key)!r} -> {after.get(key)!r})" for key in refused)
         raise ConfigError(
-            f"--resume {run_dir} cannot change {', '.join(refused)} (it would no longer be the "
-            f"same run); a resumed run may change only {', '.join(RESUMABLE_KEYS)}, and "
-            f"{', '.join(_BATCH_SPLIT_KEYS)} when their product (the effective batch, "
-            f"{effective_batch(saved)}) stays the same; start a new run for anything else")
+            f"--resume {run_dir} cannot change {shown} (by an override or an edit of its "
+            f"config.yaml): it would no longer be the same run; a resumed run may change only "
+            f"{', '.join(RESUMABLE_KEYS)}, and {', '.join(_BATCH_SPLIT_KEYS)} when their "
+            f"product (the effective batch, {effective_batch(saved)}) stays the same; start a "
+            "new run for anything else")
     return changed

@@ -24,6 +24,8 @@ from memfit.checkpoint import (
     remove_stale_staging,
 )
 from memfit.checkpoint.export import export_trained
+from memfit.checkpoint.folders import checkpoint_folders
+from memfit.checkpoint.state import CONFIG_FILE
 from memfit.config import Config, from_mapping, to_yaml
 from memfit.config.load import read_yaml
 from memfit.config.resume import check_resume_changes
@@ -136,11 +138,16 @@ def _write_adapter_map(run: Run, run_dir: Path) -> None:
 
 
 def _check_resume_config(config: Config, run_dir: Path) -> None:
-    """Refuse, before anything is written, a resume that would change what is trained."""
+    """Refuse, before anything is written, a resume that would change what is trained:
+    compared with the configuration the newest checkpoint was trained with (so an edit of
+    the run's config.yaml counts as a change too), or with config.yaml before any."""
     if not is_run_folder(run_dir):
         raise ConfigError(f"--resume {run_dir}: not a memfit run folder (no config.yaml there)")
-    saved = from_mapping(read_yaml(run_dir / "config.yaml"))
-    check_resume_changes(saved, config, str(run_dir))
+    saved = run_dir / CONFIG_FILE
+    newest = checkpoint_folders(run_dir)[-1:]
+    if newest and (newest[0] / CONFIG_FILE).is_file():
+        saved = newest[0] / CONFIG_FILE
+    check_resume_changes(from_mapping(read_yaml(saved)), config, str(run_dir))
 
 
 def _checkpoint_to_resume(run_dir: Path) -> Path | None:
