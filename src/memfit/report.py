@@ -77,7 +77,16 @@ def render_report(run_dir: Path) -> str:
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        found = json.loads(path.read_text(encoding="utf-8", errors="replace"))
+    except json.JSONDecodeError as error:
+        raise ConfigError(f"{path} is not valid JSON (line {error.lineno}, column "
+                          f"{error.colno}: {error.msg})") from None
+    if not isinstance(found, dict):
+        raise ConfigError(f"{path} must hold a JSON object, not {type(found).__name__}")
+    return found
 
 
 def _table(header: list[str], rows: list[list[str]]) -> str:

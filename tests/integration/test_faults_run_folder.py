@@ -122,6 +122,18 @@ def test_report_never_overwrites_a_file_it_did_not_write(tmp_path: Path, adapter
         assert result.returncode == 0, result.stderr
 
 
+def test_report_of_a_damaged_summary_is_one_line(tmp_path: Path, adapter_run: Path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(adapter_run, run)
+    (run / "summary.json").write_text("{not json")
+    result = run_in_process("report", str(run), "--out", str(tmp_path / "r.html"),
+                            cwd=tmp_path)
+    assert_one_line_error(result, 2, "summary.json is not valid JSON (line 1, column 2")
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_merge_refuses_a_pickled_adapter(tmp_path: Path, adapter_run: Path):
     import shutil
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit._utils.atomic import write_text
+from memfit._utils.errors import ConfigError
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -74,17 +75,31 @@ class MetricsLogger:
             self._writer.close()
 
 
-def _parse_lines(text: str) -> list[dict[str, Any]]:
+def _parse_lines(path: Path) -> list[dict[str, Any]]:
+    text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.splitlines()
     if text and not text.endswith("\n"):
         lines = lines[:-1]  # a record a kill cut short
-    return [json.loads(line) for line in lines if line.strip()]
+    records = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            record = error.msg
+        if not isinstance(record, dict) or "step" not in record:
+            raise ConfigError(f"{path} line {number} is not a metrics record ({str(record)[:80]}); "
+                              "the file was changed by something other than memfit: remove "
+                              "that line")
+        records.append(record)
+    return records
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     """All complete records, in the order they were logged."""
     path = Path(run_dir) / METRICS_FILE
-    return _parse_lines(path.read_text(encoding="utf-8")) if path.is_file() else []
+    return _parse_lines(path) if path.is_file() else []
 
 
 def truncate_metrics(run_dir: Path, through_step: int) -> None:

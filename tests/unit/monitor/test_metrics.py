@@ -52,3 +52,12 @@ def test_truncating_to_minus_one_keeps_nothing(tmp_path: Path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 0, "eval_loss": 1.0}\n')
     truncate_metrics(tmp_path, -1)
     assert read_metrics(tmp_path) == []
+
+
+@pytest.mark.parametrize("line", ["garbage", "[1, 2]", '{"loss": 1.0}'])
+def test_a_line_changed_by_something_else_is_one_line_naming_it(tmp_path: Path, line: str):
+    from memfit._utils.errors import ConfigError
+
+    (tmp_path / "metrics.jsonl").write_text(f'{{"step": 1, "loss": 2.0}}\n{line}\n')
+    with pytest.raises(ConfigError, match=r"metrics.jsonl line 2 is not a metrics record"):
+        read_metrics(tmp_path)
