@@ -398,3 +398,16 @@ def test_a_full_disk_is_one_line_and_leaves_no_half_written_checkpoint(tmp_path:
     left = result.stdout.split("LEFT:")[1].split()
     assert any(name.startswith("step-") for name in left), left  # earlier ones survive
     assert not [name for name in left if name.startswith(".step-")], left
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="a private read-only mount needs Linux")
+def test_resuming_on_a_read_only_mount_is_one_line(tmp_path: Path):
+    run = tmp_path / "run"
+    train_regression(tmp_path, run, max_steps=2)
+    (run / ".memfit.lock").unlink()  # as a copy of the run without it would be
+    script = (f"mount --bind {run} {run} && mount -o remount,bind,ro {run} && "
+              f"exec {sys.executable} -m memfit train --resume {run} train.max_steps=4")
+    result = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script],
+                            cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
+                            timeout=300)
+    assert_one_line_error(result, 2, f"{run} cannot be written")

@@ -82,7 +82,11 @@ class RunFolder:
 
     def __init__(self, path: Path):
         self.path = path
-        handle = (path / LOCK_FILE).open("a+")
+        try:
+            handle = (path / LOCK_FILE).open("a+")
+        except OSError as error:  # a read-only mount, a folder that is not ours
+            raise ConfigError(f"{path} cannot be written ({error.strerror}); a run needs its "
+                              "folder writable to record progress") from None
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
