@@ -289,6 +289,22 @@ def test_resume_refuses_a_hand_edited_config(tmp_path: Path):
     assert tree_digest(run) == before
 
 
+@pytest.mark.parametrize("change", ["contents", "size"])
+def test_resume_refuses_data_that_changed(tmp_path: Path, change: str):
+    run = tmp_path / "run"
+    train_regression(tmp_path, run, max_steps=2)
+    data = tmp_path / "regression.npz"
+    if change == "size":
+        write_regression_data(data, rows=80)
+    else:
+        write_regression_data(data, seed=1)
+    before = tree_digest(run)
+    result = run_in_process("train", "--resume", str(run), "train.max_steps=4", cwd=tmp_path)
+    assert_one_line_error(result, 2, "the data changed since the run started",
+                          f"regression.npz ({change})")
+    assert tree_digest(run) == before
+
+
 def test_resume_may_split_the_same_effective_batch_differently(tmp_path: Path):
     run = tmp_path / "run"
     train_regression(tmp_path, run, max_steps=2, lr_schedule="constant")

@@ -14,7 +14,6 @@ something might read.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from dataclasses import dataclass
@@ -22,11 +21,11 @@ from enum import Enum
 from pathlib import Path
 
 from memfit._utils.errors import CheckpointError
+from memfit._utils.hashing import sha256_file
 
 MANIFEST_FILE = "manifest.json"
 FORMAT_VERSION = 1
 STEP_FOLDER = re.compile(r"^step-(\d+)$")
-_HASH_CHUNK_BYTES = 8 << 20
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
@@ -57,17 +56,9 @@ class DamagedCheckpoint(CheckpointError):
         self.folder, self.reason = folder, reason
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def write_manifest(folder: Path, kind: CheckpointKind, step: int) -> None:
     """Record every file now in ``folder``; call once all of them are complete."""
-    files = {path.name: {"bytes": path.stat().st_size, "sha256": _sha256(path)}
+    files = {path.name: {"bytes": path.stat().st_size, "sha256": sha256_file(path)}
              for path in sorted(folder.iterdir()) if path.name != MANIFEST_FILE}
     manifest = {"format": FORMAT_VERSION, "kind": kind.value, "step": step, "files": files}
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2))
@@ -138,6 +129,6 @@ def verify_checkpoint(folder: Path) -> Manifest:
             raise DamagedCheckpoint(folder, f"{name}: {size} bytes, {MANIFEST_FILE} says "
                                             f"{record.bytes}")
     for name, record in manifest.files.items():
-        if _sha256(present[name]) != record.sha256:
+        if sha256_file(present[name]) != record.sha256:
             raise DamagedCheckpoint(folder, f"{name}: its SHA-256 differs from {MANIFEST_FILE}")
     return manifest

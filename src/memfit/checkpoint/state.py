@@ -6,7 +6,8 @@ exactly as if never interrupted:
 - ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``  their state_dicts (tensors + numbers)
 - ``rng.pt``                  torch / CUDA / Python / NumPy generator states
 - ``trainer_state.json``      step, examples consumed (the data position), tokens seen
-- ``config.yaml``             the run's configuration these weights were trained with
+- ``config.yaml``, ``data.json``  the run's configuration and data files (sizes, SHA-256)
+                              these weights were trained with
 - ``manifest.json``           the kind, the step, every file's size and SHA-256 (manifest.py)
 
 Everything loads with safetensors or ``torch.load(weights_only=True)``: no pickled code.
@@ -43,6 +44,8 @@ from memfit.distributed import checkpoint as sharded_checkpoint
 from memfit.distributed.fsdp import is_sharded
 
 CONFIG_FILE = "config.yaml"
+DATA_FILE = "data.json"  # the data files' sizes and SHA-256 (memfit.data.fingerprint)
+RUN_RECORDS = (CONFIG_FILE, DATA_FILE)
 
 
 @dataclass
@@ -114,8 +117,9 @@ def save_checkpoint(run_dir: Path, state: TrainerState, model: nn.Module, optimi
             if scaler is not None:
                 _save_torch(scaler.state_dict(), folder / "scaler.pt")
             (folder / "trainer_state.json").write_text(json.dumps(asdict(state), indent=2))
-            if (run_dir / CONFIG_FILE).is_file():  # what these weights were trained with
-                shutil.copyfile(run_dir / CONFIG_FILE, folder / CONFIG_FILE)
+            for name in RUN_RECORDS:  # what these weights were trained with, and on
+                if (run_dir / name).is_file():
+                    shutil.copyfile(run_dir / name, folder / name)
         distributed.barrier()  # every rank's files are complete before they are hashed
         if distributed.is_main():
             kind = CheckpointKind.SHARDED if sharded else CheckpointKind.SINGLE_PROCESS

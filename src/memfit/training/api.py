@@ -25,11 +25,12 @@ from memfit.checkpoint import (
 )
 from memfit.checkpoint.export import export_trained
 from memfit.checkpoint.folders import checkpoint_folders
-from memfit.checkpoint.state import CONFIG_FILE
+from memfit.checkpoint.state import CONFIG_FILE, DATA_FILE
 from memfit.config import Config, from_mapping, to_yaml
 from memfit.config.load import read_yaml
 from memfit.config.resume import check_resume_changes
 from memfit.config.schema import AdapterKind
+from memfit.data.fingerprint import data_fingerprint, fingerprint_changes
 from memfit.distributed.checkpoint import gathered_state_dict
 from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY, make_memory_meter, record_key
 from memfit.monitor.memory_plot import plot_memory
@@ -114,7 +115,9 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
             if main:
                 header = (f"# memory.auto chose {choice['strategy']}: {choice['reason']}\n"
                           if choice else "")
-                write_text(run_dir / "config.yaml", header + to_yaml(run.config))
+                write_text(run_dir / CONFIG_FILE, header + to_yaml(run.config))
+                write_text(run_dir / DATA_FILE, json.dumps(data_fingerprint(
+                    [config.data.path, config.data.eval_path]), indent=2))
                 _write_adapter_map(run, run_dir)
         else:
             run_dir = Path(resume)
@@ -143,11 +146,17 @@ def _check_resume_config(config: Config, run_dir: Path) -> None:
     the run's config.yaml counts as a change too), or with config.yaml before any."""
     if not is_run_folder(run_dir):
         raise ConfigError(f"--resume {run_dir}: not a memfit run folder (no config.yaml there)")
-    saved = run_dir / CONFIG_FILE
     newest = checkpoint_folders(run_dir)[-1:]
-    if newest and (newest[0] / CONFIG_FILE).is_file():
-        saved = newest[0] / CONFIG_FILE
-    check_resume_changes(from_mapping(read_yaml(saved)), config, str(run_dir))
+    recorded = newest[0] if newest and (newest[0] / CONFIG_FILE).is_file() else run_dir
+    check_resume_changes(from_mapping(read_yaml(recorded / CONFIG_FILE)), config, str(run_dir))
+    if (recorded / DATA_FILE).is_file():
+        changes = fingerprint_changes(json.loads((recorded / DATA_FILE).read_text()),
+                                      data_fingerprint([config.data.path, config.data.eval_path]))
+        if changes:
+            raise ConfigError(f"--resume {run_dir}: the data changed since the run started: "
+                              f"{', '.join(changes[:3])}{', ...' if len(changes) > 3 else ''}; "
+                              "resuming would train on other examples: restore the data or "
+                              "start a new run")
 
 
 def _checkpoint_to_resume(run_dir: Path) -> Path | None:

@@ -34,8 +34,8 @@ from memfit.checkpoint.folders import checkpoint_folders
 MARKER_FILE = "memfit-run.json"
 LOCK_FILE = ".memfit.lock"
 # What a run writes before its first checkpoint: removed when such a run starts again.
-_WRITTEN_BEFORE_FIRST_CHECKPOINT = ("config.yaml", "metrics.jsonl", "tensorboard", "memory.png",
-                                    "checkpoints")
+_WRITTEN_BEFORE_FIRST_CHECKPOINT = ("config.yaml", "data.json", "adapters.txt", "adapters.json",
+                                    "metrics.jsonl", "tensorboard", "memory.png", "checkpoints")
 
 
 def is_run_folder(folder: Path) -> bool:
