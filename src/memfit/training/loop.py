@@ -61,7 +61,6 @@ class LoopResult:
     state: TrainerState
     losses: dict[int, float] = field(default_factory=dict)  # steps whose update was applied
     eval_losses: dict[int, float] = field(default_factory=dict)
-    skipped_steps: int = 0  # by train.on_nonfinite=skip, in this call
     # The highest measured training step of this call (evaluations are measured too, but
     # are not what a user sizes a GPU by); None when log.memory_every skipped them all.
     peak: StepMemory | None = None
@@ -330,5 +329,4 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
         if stop_signal is not None and not last:  # after the last step the run is complete
             checkpoint = guard.last_checkpoint if saved else _save(run, run_dir, state, guard)
             raise Interrupted(stop_signal, step, checkpoint, run_dir)
-    result.skipped_steps = guard.skipped_steps
     return result
