@@ -427,3 +427,13 @@ def test_resuming_on_a_read_only_mount_is_one_line(tmp_path: Path):
                             cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
                             timeout=300)
     assert_one_line_error(result, 2, f"{run} cannot be written")
+
+
+def test_resume_given_a_checkpoint_folder_points_to_its_run(tmp_path: Path):
+    run = tmp_path / "run"
+    train_regression(tmp_path, run, max_steps=2)
+    before = tree_digest(run)
+    result = run_in_process("train", "--resume", str(run / "checkpoints" / "step-2"),
+                            cwd=tmp_path)
+    assert_one_line_error(result, 2, "not a memfit run folder", f"did you mean --resume {run}?")
+    assert tree_digest(run) == before

@@ -41,6 +41,7 @@ from memfit.training.build import Run, build_run
 from memfit.training.fit import auto_fit, refuse_too_large_preset
 from memfit.training.loop import train_steps
 from memfit.training.run_folder import (
+    MARKER_FILE,
     check_new_run_folder,
     create_run_folder,
     is_run_folder,
@@ -145,7 +146,11 @@ def _check_resume_config(config: Config, run_dir: Path) -> None:
     compared with the configuration the newest checkpoint was trained with (so an edit of
     the run's config.yaml counts as a change too), or with config.yaml before any."""
     if not is_run_folder(run_dir):
-        raise ConfigError(f"--resume {run_dir}: not a memfit run folder (no config.yaml there)")
+        run = run_dir.parent.parent  # a checkpoint folder given for its run?
+        hint = (f"; did you mean --resume {run}?" if run_dir.parent.name == "checkpoints"
+                and is_run_folder(run) else "")
+        raise ConfigError(f"--resume {run_dir}: not a memfit run folder (no {MARKER_FILE} "
+                          f"there){hint}")
     newest = checkpoint_folders(run_dir)[-1:]
     recorded = newest[0] if newest and (newest[0] / CONFIG_FILE).is_file() else run_dir
     check_resume_changes(from_mapping(read_yaml(recorded / CONFIG_FILE)), config, str(run_dir))
