@@ -36,9 +36,13 @@ def config_file(tmp_path: Path, factory: str) -> Path:
     return config
 
 
-def lines_from_both_ranks(stderr: str, start: str) -> list[str]:
+def lines_from_the_ranks(stderr: str, start: str) -> list[str]:
+    """The ranks' lines starting with ``start``: one or two. Both ranks reach the same
+    decision (the checkpoint each test checks needs both in its collective save), but
+    torchrun stops the slower rank as soon as the first exits non-zero, which may be before
+    the slower one has printed its line."""
     found = [line for line in stderr.splitlines() if line.startswith(start)]
-    assert len(found) == 2, stderr
+    assert 1 <= len(found) <= 2, stderr
     return found
 
 
@@ -47,7 +51,7 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path: Path):
     result = memfit("train", str(config_file(tmp_path, "nan_on_rank_one")), "--nproc", "2",
                     cwd=tmp_path, timeout=240)
     assert result.returncode != 0
-    for line in lines_from_both_ranks(result.stderr, "memfit: error: loss became nan"):
+    for line in lines_from_the_ranks(result.stderr, "memfit: error: loss became nan"):
         assert line.startswith("memfit: error: loss became nan at step 3; last finite "
                                f"checkpoint: {run}/checkpoints/step-2; ")
     assert sorted(path.name for path in run.glob("checkpoints/step-*")) == ["step-2"]
@@ -59,7 +63,7 @@ def test_sigterm_to_one_rank_saves_that_step_on_every_rank_then_resumes(tmp_path
     stopped = memfit("train", str(config_file(tmp_path, "sigterm_on_rank_one")), "--nproc", "2",
                      cwd=tmp_path, timeout=240)
     assert stopped.returncode != 0
-    assert set(lines_from_both_ranks(stopped.stderr, "memfit: stopped by")) == {
+    assert set(lines_from_the_ranks(stopped.stderr, "memfit: stopped by")) == {
         f"memfit: stopped by SIGTERM after step 3; checkpoint saved: {run}/checkpoints/step-3; "
         f"resume with: memfit train --resume {run}"}
     assert (run / "checkpoints" / "step-3").is_dir()
@@ -86,7 +90,7 @@ def test_sigterm_to_the_launcher_stops_the_job_like_one_process(tmp_path: Path):
     os.kill(launcher.pid, signal.SIGTERM)
     stderr = launcher.communicate(timeout=240)[1]
     assert launcher.returncode == 143, stderr
-    stops = lines_from_both_ranks(stderr, "memfit: stopped by SIGTERM after step ")
+    stops = lines_from_the_ranks(stderr, "memfit: stopped by SIGTERM after step ")
     step = int(stops[0].split("after step ")[1].split(";")[0])
     assert (run / "checkpoints" / f"step-{step}").is_dir()
     assert not (run / "summary.json").exists()

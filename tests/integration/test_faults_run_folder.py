@@ -250,7 +250,8 @@ def logged_steps(run: Path) -> int:
 @pytest.mark.parametrize("how", ["same-command", "resume"])
 def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path: Path, how: str):
     run = tmp_path / "run"
-    process = start_slow_run(tmp_path, run, max_steps=6, save_every=0)
+    # 30 steps: a kill after step 2 always lands long before the run could finish.
+    process = start_slow_run(tmp_path, run, max_steps=30, save_every=0)
     kill_when(process, lambda: logged_steps(run) >= 2)
     assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
 
@@ -258,8 +259,8 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path: Path, h
     result = run_in_process("train", *arguments, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     steps = [r["step"] for r in read_metrics(run) if "loss" in r]
-    assert steps == [1, 2, 3, 4, 5, 6]
-    assert [r["step"] for r in read_metrics(run) if "eval_loss" in r] == [0, 6]
+    assert steps == list(range(1, 31))
+    assert [r["step"] for r in read_metrics(run) if "eval_loss" in r] == [0, 30]
 
 
 # --- resume is the same run --------------------------------------------------------------
@@ -375,19 +376,20 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path: Path):
 
 @pytest.mark.slow
 def test_the_record_of_a_resumed_run_is_the_whole_run(tmp_path: Path):
-    """Killed after step 5 with its newest checkpoint at step 4: step 5 is run again and
-    replaces (not duplicates) the lost record; the summary covers the run from step 0."""
+    """Killed once it has logged step 5, between checkpoints (every 4 steps): the steps
+    after the newest checkpoint run again and replace (not duplicate) their records; the
+    summary covers the run from step 0."""
     reference = tmp_path / "reference"
-    train_regression(tmp_path, reference, max_steps=8, save_every=4)
+    train_regression(tmp_path, reference, max_steps=20, save_every=4)
 
     run = tmp_path / "run"
-    process = start_slow_run(tmp_path, run, max_steps=8, save_every=4)
+    process = start_slow_run(tmp_path, run, max_steps=20, save_every=4)
     kill_when(process, lambda: logged_steps(run) >= 5)
     result = run_in_process("train", "--resume", str(run), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
 
     steps = [r["step"] for r in read_metrics(run) if "loss" in r]
-    assert steps == list(range(1, 9))
+    assert steps == list(range(1, 21))
     summary, expected = (json.loads((r / "summary.json").read_text()) for r in (run, reference))
     for key in ("steps", "first_loss", "final_loss", "eval_loss_before", "eval_loss_after",
                 "examples"):
