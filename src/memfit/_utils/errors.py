@@ -54,3 +54,10 @@ def is_disk_full(error: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+def first_line(error: BaseException, limit: int = 200) -> str:
+    """What a library's exception says, fit for a one-line message: its first line (cut
+    to ``limit`` characters), or its type's name when it says nothing."""
+    lines = str(error).strip().splitlines()
+    return lines[0][:limit] if lines else type(error).__name__

@@ -8,7 +8,7 @@ from typing import IO, Any
 
 import torch
 
-from memfit._utils.errors import CheckpointError
+from memfit._utils.errors import CheckpointError, first_line
 
 
 def load_weights_only(source: str | IO[bytes], name: str) -> Any:
@@ -24,5 +24,5 @@ def load_weights_only(source: str | IO[bytes], name: str) -> Any:
         raise CheckpointError(f"{name}: refused, it holds something other than tensors and "
                               "plain values (memfit never unpickles code)") from None
     except (RuntimeError, EOFError, ValueError) as error:
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else "empty"
-        raise CheckpointError(f"{name}: not a readable torch file ({first_line})") from None
+        raise CheckpointError(f"{name}: not a readable torch file ({first_line(error)})") \
+            from None

@@ -20,7 +20,7 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
-from memfit._utils.errors import ModelError
+from memfit._utils.errors import ModelError, first_line
 from memfit.config.schema import ImagesConfig, ModelConfig, ModelDtype, Task
 from memfit.models.classifier import head_names, label_arguments
 from memfit.models.folder_checks import check_config_json, check_weight_files
@@ -115,17 +115,15 @@ def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
             model = _auto_class(task).from_pretrained(folder, dtype=dtype,
                                                       quantization_config=quantization_config)
     except (OSError, ValueError, SafetensorError) as error:
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else repr(error)
-        raise ModelError(f"model.path={folder}: cannot load the model ({reason})") from None
+        raise ModelError(f"model.path={folder}: cannot load the model "
+                         f"({first_line(error)})") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except Exception as error:  # noqa: BLE001 -- tokenizers has its own error types
         present = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
         if present:  # the folder has a tokenizer, and it is damaged: never train without it
-            reason = str(error).strip().splitlines()[0][:200] if str(error).strip() \
-                else type(error).__name__
             raise ModelError(f"model.path={folder}: its tokenizer ({', '.join(present)}) "
-                             f"cannot be loaded: {reason}") from None
+                             f"cannot be loaded: {first_line(error)}") from None
         tokenizer = byte_level_tokenizer()
         if model.config.vocab_size < len(tokenizer):
             raise ModelError(
