@@ -5,10 +5,21 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+# tempfile's random part of the names below (``tempfile._RandomNameSequence``).
+_RANDOM = r"[a-z0-9_]{8}"
+
+
+def leftovers_of(names: str) -> re.Pattern[str]:
+    """What a kill can leave of this module's writes to files or folders whose names match
+    the regular expression ``names``: a staged folder (``.NAME.<8>``), an old one moved
+    aside (``.NAME.old.<8>``) or a temporary file (``.NAME.<8>.tmp``)."""
+    return re.compile(rf"^\.(?:{names})\.(?:old\.)?{_RANDOM}(?:\.tmp)?$")
 
 
 def _default_mode(directory: bool) -> int:

@@ -3,18 +3,17 @@ the half-written staging folders a killed save leaves behind."""
 
 from __future__ import annotations
 
-import re
 import shutil
 import sys
 from pathlib import Path
 
+from memfit._utils.atomic import leftovers_of
 from memfit._utils.errors import CheckpointError
 from memfit.checkpoint.manifest import STEP_FOLDER, DamagedCheckpoint, verify_checkpoint
 
-# The names memfit._utils.atomic.staged_folder gives ``checkpoints/step-N`` while it is
-# written (``.step-N.`` + tempfile's 8 characters) and while an older one is swapped out
-# (``.step-N.old.`` + 8): nothing else in checkpoints/ is ever removed as stale.
-_STAGING_FOLDER = re.compile(r"^\.step-\d+\.(old\.)?[a-z0-9_]{8}$")
+# What a killed save leaves in checkpoints/ (memfit._utils.atomic); nothing else there is
+# ever removed as stale.
+_STAGING_FOLDER = leftovers_of(r"step-\d+")
 
 
 def checkpoint_folders(run_dir: Path) -> list[Path]:

@@ -19,14 +19,13 @@ import contextlib
 import fcntl
 import json
 import os
-import re
 import shutil
 import sys
 import time
 from pathlib import Path
 
 import memfit
-from memfit._utils.atomic import write_text
+from memfit._utils.atomic import leftovers_of, write_text
 from memfit._utils.errors import ConfigError
 from memfit._utils.folders import creation_problem
 from memfit.checkpoint.folders import checkpoint_folders
@@ -154,11 +153,9 @@ def _remove_unfinished_start(folder: Path) -> None:
             path.unlink()
 
 
-# What a kill leaves of the run folder's own atomic writes (memfit._utils.atomic): the
-# export being staged or swapped (".adapter.<8>", ".model.old.<8>") and temporary files
-# (".summary.json.<8>.tmp"). Checkpoints' staging is memfit.checkpoint's to clean.
-_STALE_STAGING = re.compile(
-    r"^\.(?:(?:adapter|model)\.(?:old\.)?[a-z0-9_]{8}|[\w.-]+\.[a-z0-9_]{8}\.tmp)$")
+# What a kill leaves of the run folder's own atomic writes: the export being staged or
+# swapped, temporary files of its JSON/YAML records. Checkpoints' are memfit.checkpoint's.
+_STALE_STAGING = leftovers_of(r"adapter|model|[\w-]+\.(?:json|jsonl|yaml|txt)")
 
 
 def open_run_folder(path: str | Path) -> RunFolder:
