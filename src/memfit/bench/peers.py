@@ -21,7 +21,7 @@ from torch import nn
 from memfit.config.schema import Config, Precision
 from memfit.data import count_loss_tokens
 from memfit.monitor.memory import MemoryMeter, make_memory_meter
-from memfit.training.precision import autocast
+from memfit.training.step import StepParts, optimizer_step
 
 Batch = dict[str, torch.Tensor]
 Record = dict[str, Any]
@@ -40,27 +40,26 @@ def _is_measured(step: int, config: Config) -> bool:
     return step % config.log.memory_every == 0
 
 
+def _model_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
+    return model(**batch).loss  # transformers' mean over the batch's tokens
+
+
 def _plain_loop(model: nn.Module, optimizer: torch.optim.Optimizer | None, batches: list[Batch],
                 config: Config, device: torch.device) -> list[Record]:
-    """The loop a user writes: forward under autocast, ``.loss``, backward, step, zero."""
+    """The loop a user writes: forward under autocast, backward of ``.loss`` (the mean: one
+    "item" per micro-batch), step, zero; no clipping, no loss scaling, one micro-batch a
+    step. ``optimizer`` None: per-layer optimizers stepped in backward."""
     meter = make_memory_meter(device)
     meter.attach(model, optimizer)
     model.train()
+    parts = StepParts(model, optimizer, _model_loss, config.precision, device)
     records = []
     for step, batch in enumerate(batches, start=1):
         measured = _is_measured(step, config)
         started = time.perf_counter()
         with meter.step() if measured else contextlib.nullcontext():
-            batch = {key: value.to(device) for key, value in batch.items()}
-            with autocast(config.precision, device):
-                loss = model(**batch).loss
-            loss.backward()
-            if optimizer is not None:  # None: per-layer optimizers stepped in backward
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-            value = loss.item()
-            del loss, batch
-        records.append(_record(step, value, batches[step - 1], time.perf_counter() - started,
+            loss = optimizer_step(parts, [batch], items=1).loss
+        records.append(_record(step, loss, batch, time.perf_counter() - started,
                                meter if measured else None))
     return records
 

@@ -68,6 +68,10 @@ REFRESH_CHOICES: tuple[str, ...] = ("micro_batch", "full_gradient")
 class LayerwiseOptimizer(Optimizer):
     """Optimizer-in-backward wrapper over one inner optimizer per parameter."""
 
+    # Read by a training step (memfit.training.step): the updates run in backward, after
+    # begin_micro_batch(index); step() only publishes grad_norm.
+    steps_in_backward = True
+
     def __init__(
         self,
         params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],

@@ -84,6 +84,11 @@ class HostOffloadOptimizer(Optimizer):
             elif device.grad is not None:
                 device.grad.zero_()
 
+    def projected_gradients(self) -> list[torch.Tensor]:
+        """The inner optimizer's gradients projected in backward (GaLore's R = P^T G), which
+        a training step clips with the .grad ones; none for an optimizer without them."""
+        return getattr(self.inner, "projected_gradients", list)()
+
     def load_state_dict(self, state_dict: dict) -> None:
         self.inner.load_state_dict(state_dict)
         # Optimizer.load_state_dict rebinds these on the inner optimizer; follow it.

@@ -2,11 +2,11 @@
 
 1. draw ``gradient_accumulation_steps`` micro-batches and count their loss items
    (tokens for language models, examples otherwise) -> ``items``;
-2. for each micro-batch: forward under autocast (and activation offload), backward of
+2. the step itself (memfit.training.step): for each micro-batch forward and backward of
    ``loss_sum / items`` — so the gradient is that of the mean over the EFFECTIVE batch;
-3. unscale (fp16), clip the global norm; judge the step (memfit.training.nonfinite): a nan
-   or inf loss or gradient norm stops the run or skips the update; optimizer step,
-   scheduler step, zero grads;
+   unscale (fp16), clip the global norm; judge the step (memfit.training.nonfinite): a nan
+   or inf loss or gradient norm stops the run or skips the update; optimizer step, zero
+   grads; then the scheduler step;
 4. log (with the step's memory from the meter), evaluate, checkpoint (weights checked finite);
 5. on SIGTERM/SIGINT received during the step (memfit.training.interrupts): checkpoint there
    if not just saved, and stop.
@@ -32,6 +32,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -41,12 +42,9 @@ from memfit._utils.atomic import write_text
 from memfit._utils.errors import OutOfMemoryPlanError
 from memfit.checkpoint import TrainerState, save_checkpoint
 from memfit.config import to_yaml
-from memfit.config.schema import AdapterKind, Precision
+from memfit.config.schema import AdapterKind
 from memfit.monitor.memory import MemoryMeter, StepMemory
 from memfit.monitor.metrics import MetricsLogger
-from memfit.optim import GaLore, LayerwiseOptimizer
-from memfit.optim.backward_projection import clip_grad_norm_
-from memfit.techniques import lora
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer
 from memfit.training.batches import BatchStream, eval_batches
 from memfit.training.build import Run
@@ -54,6 +52,13 @@ from memfit.training.interrupts import Interrupted, StopRequests
 from memfit.training.nonfinite import DivergenceGuard, Verdict
 from memfit.training.precision import autocast
 from memfit.training.recovery import Rung, next_rung, rebuild, smaller_eval_batch
+from memfit.training.step import (
+    OptimizerStepOutOfMemory,
+    optimizer_step,
+    step_parts,
+    steps_in_backward,
+    to_device,
+)
 
 
 @dataclass
@@ -64,16 +69,6 @@ class LoopResult:
     # The highest measured training step of this call (evaluations are measured too, but
     # are not what a user sizes a GPU by); None when log.memory_every skipped them all.
     peak: StepMemory | None = None
-
-
-def _to_device(batch: dict[str, torch.Tensor], device: torch.device,
-               precision: Precision) -> dict[str, torch.Tensor]:
-    """Move a batch to the device; with bf16-pure weights (no autocast to reconcile dtypes)
-    floating inputs such as images become bf16 too."""
-    pure = precision is Precision.BF16_PURE
-    return {key: value.to(device, dtype=torch.bfloat16 if pure and value.is_floating_point()
-                          else value.dtype, non_blocking=True)
-            for key, value in batch.items()}
 
 
 def evaluate(run: Run) -> dict[str, float] | None:
@@ -88,7 +83,7 @@ def evaluate(run: Run) -> dict[str, float] | None:
     no_grad = torch.no_grad() if distributed.is_distributed() else torch.inference_mode()
     with no_grad, autocast(run.config.precision, run.device):
         for batch in eval_batches(run.splits.eval, run.eval_batch_size, run.collate):
-            batch = _to_device(batch, run.device, run.config.precision)
+            batch = to_device(batch, run.device, run.config.precision)
             for name, value in run.objective.eval_sums(run.model, batch).items():
                 value = value.to("cpu", torch.float64)  # float64: sums over the whole split
                 totals[name] = totals[name] + value if name in totals else value
@@ -99,51 +94,6 @@ def evaluate(run: Run) -> dict[str, float] | None:
 
 def _eval_record(step: int, metrics: dict[str, float]) -> dict:
     return {"step": step, **{f"eval_{name}": value for name, value in metrics.items()}}
-
-
-def _forward_backward(run: Run, micro_batches: list[dict], items: int, layerwise: bool) -> float:
-    """Backward of ``loss_sum / items`` for each micro-batch; returns the step's mean loss."""
-    step_loss = 0.0
-    for index, batch in enumerate(micro_batches):
-        if layerwise:
-            run.optimizer.begin_micro_batch(index)  # its hooks step on the last one
-        batch = _to_device(batch, run.device, run.config.precision)
-        with autocast(run.config.precision, run.device), run.activation_offload.context(
-            run.config.memory.activation_offload
-        ):
-            loss_sum = run.objective.loss_sum(run.model, batch)
-        loss = loss_sum / max(items, 1)
-        (run.scaler.scale(loss) if run.scaler else loss).backward()
-        step_loss += loss.item()
-    return step_loss
-
-
-def _clip(run: Run, layerwise: bool) -> float:
-    """Unscale (fp16) and clip; returns the pre-clip global gradient norm. Layer-wise: the
-    updates already ran in backward, clipped per tensor, and step() only reports the norm."""
-    if layerwise:
-        run.optimizer.step()
-        return float(run.optimizer.grad_norm)
-    if run.scaler:
-        run.scaler.unscale_(run.optimizer)
-    # GaLore may hold gradients projected in backward (R = P^T G) instead of .grad.
-    projected = run.optimizer.projected_gradients() if isinstance(run.optimizer, GaLore) else []
-    return float(clip_grad_norm_(run.trainable_parameters, run.config.train.max_grad_norm,
-                                 projected))
-
-
-def _update(run: Run, layerwise: bool, verdict: Verdict) -> None:
-    """Apply the clipped gradients, unless the verdict drops them (zero_grad then discards
-    them, GaLore's projected ones included)."""
-    if layerwise:
-        return
-    if verdict is Verdict.APPLY:
-        if run.scaler:
-            run.scaler.step(run.optimizer)
-        else:
-            run.optimizer.step()
-    if run.scaler:  # lowers the scale after inf gradients, and ends unscale_'s step
-        run.scaler.update()
 
 
 def _out_of_memory(run: Run, where: str, step: int, failure: str) -> OutOfMemoryPlanError:
@@ -163,8 +113,6 @@ def _apply_rung(run: Run, rung: Rung, stream: BatchStream, logger: MetricsLogger
     run.config = rung.config
     write_text(run_dir / "config.yaml", to_yaml(run.config))  # resume continues with it
     stream.micro_batch_size = rung.config.train.micro_batch_size
-    if isinstance(run.optimizer, LayerwiseOptimizer):
-        run.optimizer.gradient_accumulation_steps = rung.config.train.gradient_accumulation_steps
     logger.log({"step": step, "event": "out_of_memory", "change": rung.description})
     warnings.warn(f"out of memory at step {step}; retrying with {rung.description}",
                   stacklevel=2)
@@ -252,7 +200,6 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
         if stop_signal is not None:  # a step-0 checkpoint lets --resume start the run
             raise Interrupted(stop_signal, 0, _save(run, run_dir, state, guard), run_dir)
     run.model.train()
-    layerwise = isinstance(run.optimizer, LayerwiseOptimizer)
     adapters = run.config.adapter.kind is not AdapterKind.NONE
     state_at_start = state.step
     for step in range(state.step + 1, run.total_steps + 1):
@@ -266,30 +213,24 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
             lr = run.optimizer.param_groups[0]["lr"]
             try:
                 with meter.step():
-                    step_loss = distributed.all_reduce_sum(
-                        _forward_backward(run, micro_batches, items, layerwise))
-                    if step == state_at_start + 1 and adapters and not layerwise:
-                        lora.check_gradients_reached(run.model)  # checkpointing can cut them
-                    try:
-                        grad_norm = _clip(run, layerwise)
-                        verdict = guard.judge(step, step_loss, grad_norm)
-                        _update(run, layerwise, verdict)
-                    except torch.OutOfMemoryError as error:
-                        # The optimizer may have updated some state: not safely retryable.
-                        raise _out_of_memory(run, "in the optimizer step", step,
-                                             str(error)) from None
-                    run.optimizer.zero_grad(set_to_none=True)
+                    outcome = optimizer_step(
+                        step_parts(run), micro_batches, items, judge=partial(guard.judge, step),
+                        check_adapter_gradients=step == state_at_start + 1 and adapters)
                 break
+            except OptimizerStepOutOfMemory as error:
+                raise _out_of_memory(run, "in the optimizer step", step, str(error)) from None
             except torch.OutOfMemoryError as error:
                 failure = str(error)
             _release_failed_attempt(run)
-            rung = None if (layerwise or not run.config.memory.recover_from_oom
+            rung = None if (steps_in_backward(run.optimizer)
+                            or not run.config.memory.recover_from_oom
                             or distributed.is_distributed()) else next_rung(run.config)
             if rung is None:  # layer-wise updates may already have stepped some weights
                 raise _out_of_memory(run, "in forward/backward", step, failure)
             _apply_rung(run, rung, stream, logger, meter, step, run_dir)
             stream.consumed = step_start
         run.scheduler.step()
+        step_loss, grad_norm, verdict = outcome.loss, outcome.grad_norm, outcome.verdict
 
         seconds = time.perf_counter() - started
         state.step, state.consumed = step, stream.consumed

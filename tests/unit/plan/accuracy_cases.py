@@ -1,14 +1,13 @@
 """Plan-vs-measured cases shared by tests/unit/plan and benchmarks/plan_accuracy.py.
 
 Each case is a small architecture trained for real on CPU with ``training.build`` and the
-loop's step (forward under autocast, backward of loss / items, clip, optimizer step), while
+loop's own step (``training.step``: forward, backward of loss / items, clip, update), while
 ``monitor.memory.CpuMemoryMeter`` counts live tensor storages; the measured peak of the
 steady-state steps is compared with ``plan.estimate``'s ``peak_tensor_bytes``.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import numpy as np
@@ -186,35 +185,24 @@ def config_for(base: dict, overrides: dict) -> Config:
 
 
 def measure_peak_bytes(config: Config, steps: int = 3) -> int:
-    """Peak live tensor bytes of real training steps on CPU (the memory meter's view)."""
+    """Peak live tensor bytes of real training steps on CPU (the memory meter's view), each
+    the training loop's own step."""
     from memfit.monitor.memory import CpuMemoryMeter
-    from memfit.optim import LayerwiseOptimizer
     from memfit.training.batches import BatchStream
     from memfit.training.build import build_run
-    from memfit.training.precision import autocast
+    from memfit.training.step import optimizer_step, step_parts
 
     run = build_run(config)
     run.model.train()  # as the loop does: from_pretrained returns a model in eval mode
-    layerwise = isinstance(run.optimizer, LayerwiseOptimizer)  # steps inside backward
     meter = CpuMemoryMeter()
     meter.attach(run.model, run.optimizer)
     train = config.train
     stream = BatchStream(run.splits.train, train.micro_batch_size, train.seed, run.collate)
+    parts = step_parts(run)
     for _ in range(steps):
         batches = [stream.next_batch() for _ in range(train.gradient_accumulation_steps)]
         items = sum(run.objective.count(batch) for batch in batches)
         with meter.step():
-            for index, batch in enumerate(batches):
-                if layerwise:
-                    run.optimizer.begin_micro_batch(index)
-                with autocast(config.precision, run.device):
-                    loss = run.objective.loss_sum(run.model, batch)
-                (loss / max(items, 1)).backward()
-                del loss
-            if not layerwise:  # layer-wise clips per tensor, inside backward
-                max_norm = train.max_grad_norm or math.inf
-                torch.nn.utils.clip_grad_norm_(run.trainable_parameters, max_norm)
-            run.optimizer.step()
-            run.optimizer.zero_grad(set_to_none=True)
+            optimizer_step(parts, batches, items)
     return meter.peak.peak_bytes
 

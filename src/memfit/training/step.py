@@ -1,0 +1,163 @@
+"""One optimizer step, written once for the training loop, the planner's accuracy tests
+and ``memfit bench``'s peers, so what is measured is what trains:
+
+1. for each micro-batch: forward under autocast (and activation offload), backward of
+   ``loss_sum / items`` (scaled by the GradScaler with fp16) — so the gradient is that of
+   the mean over the EFFECTIVE batch; the step's loss is summed over ranks;
+2. unscale (fp16) and clip the global gradient norm;
+3. the verdict on the step (the loop's ``nonfinite.DivergenceGuard``: apply, skip or stop;
+   without a judge every step applies);
+4. the update unless the verdict drops it, the scaler's update, zero grads.
+
+What memfit's optimizers say about themselves (a torch optimizer needs neither):
+
+- ``steps_in_backward = True`` (``memfit.optim.LayerwiseOptimizer``): its hooks update each
+  parameter inside backward, clipped per tensor; it needs ``begin_micro_batch(index)``
+  before each micro-batch, and its ``step()`` only publishes ``grad_norm``.
+- ``projected_gradients()`` (``memfit.optim.GaLore``): the gradients projected in backward
+  (R = P^T G, held instead of ``.grad``), which the global norm counts and clipping scales.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from memfit import distributed
+from memfit.config.schema import Precision
+from memfit.optim.backward_projection import clip_grad_norm_
+from memfit.techniques import lora
+from memfit.training.build import Run
+from memfit.training.nonfinite import Verdict
+from memfit.training.precision import autocast
+
+Batch = dict[str, torch.Tensor]
+
+
+class OptimizerStepOutOfMemory(torch.OutOfMemoryError):
+    """Out of memory after backward (clipping or the update): the optimizer may have
+    updated some of its state, so the step cannot be retried."""
+
+
+@dataclass
+class StepParts:
+    """What one optimizer step works on: a training run's (``step_parts``) or a model,
+    optimizer and loss a caller built itself (a bench peer's)."""
+
+    model: nn.Module
+    # None: the model's own hooks update it inside backward (a peer's per-layer optimizers).
+    optimizer: Optimizer | None
+    # A micro-batch's loss summed over its items; the step divides by the step's items.
+    loss_sum: Callable[[nn.Module, Batch], torch.Tensor]
+    precision: Precision
+    device: torch.device
+    # The weights whose global gradient norm is measured and clipped to max_grad_norm
+    # (None: measured only); None: the norm is not even measured (a peer's loop).
+    clipped: list[torch.Tensor] | None = None
+    max_grad_norm: float | None = None
+    scaler: torch.amp.GradScaler | None = None
+    activation_offload: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    loss: float  # mean per item over the effective batch (all ranks)
+    grad_norm: float | None  # pre-clip global norm; None when StepParts.clipped is None
+    verdict: Verdict
+
+
+def step_parts(run: Run) -> StepParts:
+    """The parts of ``run`` as they are now (an OOM rung may rebuild its model)."""
+    return StepParts(
+        model=run.model, optimizer=run.optimizer, loss_sum=run.objective.loss_sum,
+        precision=run.config.precision, device=run.device, clipped=run.trainable_parameters,
+        max_grad_norm=run.config.train.max_grad_norm, scaler=run.scaler,
+        activation_offload=lambda: run.activation_offload.context(
+            run.config.memory.activation_offload))
+
+
+def steps_in_backward(optimizer: Optimizer | None) -> bool:
+    return getattr(optimizer, "steps_in_backward", False)
+
+
+def to_device(batch: Batch, device: torch.device, precision: Precision) -> Batch:
+    """Move a batch to the device; with bf16-pure weights (no autocast to reconcile dtypes)
+    floating inputs such as images become bf16 too."""
+    pure = precision is Precision.BF16_PURE
+    return {key: value.to(device, dtype=torch.bfloat16 if pure and value.is_floating_point()
+                          else value.dtype, non_blocking=True)
+            for key, value in batch.items()}
+
+
+def optimizer_step(parts: StepParts, micro_batches: list[Batch], items: int,
+                   judge: Callable[[float, float | None], Verdict] | None = None,
+                   check_adapter_gradients: bool = False) -> StepOutcome:
+    """One optimizer step over ``micro_batches``, whose loss items (summed over ranks) are
+    ``items``. ``judge(loss, grad_norm)`` decides between clipping and the update;
+    ``check_adapter_gradients`` (a run's first step) fails when no gradient reached the
+    LoRA adapters. An OOM in forward/backward propagates as it is (nothing was updated);
+    one after backward raises OptimizerStepOutOfMemory."""
+    in_backward = steps_in_backward(parts.optimizer)
+    loss = distributed.all_reduce_sum(_forward_backward(parts, micro_batches, items,
+                                                        in_backward))
+    if check_adapter_gradients and not in_backward:  # layer-wise hooks consumed them
+        lora.check_gradients_reached(parts.model)  # checkpointing can cut them
+    try:
+        grad_norm = _clip(parts, in_backward)
+        verdict = judge(loss, grad_norm) if judge is not None else Verdict.APPLY
+        _update(parts, in_backward, verdict)
+    except torch.OutOfMemoryError as error:
+        raise OptimizerStepOutOfMemory(str(error)) from error
+    if parts.optimizer is not None:
+        parts.optimizer.zero_grad(set_to_none=True)
+    return StepOutcome(loss, grad_norm, verdict)
+
+
+def _forward_backward(parts: StepParts, micro_batches: list[Batch], items: int,
+                      in_backward: bool) -> float:
+    """Backward of ``loss_sum / items`` for each micro-batch; returns the step's mean loss
+    (its tensors are freed on return, before clipping and the update)."""
+    step_loss = 0.0
+    for index, batch in enumerate(micro_batches):
+        if in_backward:
+            parts.optimizer.begin_micro_batch(index)  # its hooks step on the last one
+        batch = to_device(batch, parts.device, parts.precision)
+        with autocast(parts.precision, parts.device), parts.activation_offload():
+            loss_sum = parts.loss_sum(parts.model, batch)
+        loss = loss_sum / max(items, 1)
+        (parts.scaler.scale(loss) if parts.scaler else loss).backward()
+        step_loss += loss.item()
+    return step_loss
+
+
+def _clip(parts: StepParts, in_backward: bool) -> float | None:
+    """Unscale (fp16) and clip; returns the pre-clip global gradient norm. Layer-wise: the
+    updates already ran in backward, clipped per tensor, and step() only reports the norm."""
+    if in_backward:
+        parts.optimizer.step()
+        return float(parts.optimizer.grad_norm)
+    if parts.scaler:
+        parts.scaler.unscale_(parts.optimizer)
+    if parts.clipped is None:
+        return None
+    projected = getattr(parts.optimizer, "projected_gradients", list)()
+    return float(clip_grad_norm_(parts.clipped, parts.max_grad_norm, projected))
+
+
+def _update(parts: StepParts, in_backward: bool, verdict: Verdict) -> None:
+    """Apply the clipped gradients, unless the verdict drops them (zero_grad then discards
+    them, GaLore's projected ones included)."""
+    if in_backward or parts.optimizer is None:
+        return
+    if verdict is Verdict.APPLY:
+        if parts.scaler:
+            parts.scaler.step(parts.optimizer)
+        else:
+            parts.optimizer.step()
+    if parts.scaler:  # lowers the scale after inf gradients, and ends unscale_'s step
+        parts.scaler.update()
