@@ -46,9 +46,9 @@ def _model_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 def _plain_loop(model: nn.Module, optimizer: torch.optim.Optimizer | None, batches: list[Batch],
                 config: Config, device: torch.device) -> list[Record]:
-    """The loop a user writes: forward under autocast, backward of ``.loss`` (the mean: one
-    "item" per micro-batch), step, zero; no clipping, no loss scaling, one micro-batch a
-    step. ``optimizer`` None: per-layer optimizers stepped in backward."""
+    """The loop a user writes: forward under autocast, backward of ``.loss`` (a mean), step,
+    zero; one micro-batch a step, no clipping, no loss scaling. ``optimizer`` None: per-layer
+    optimizers stepped in backward."""
     meter = make_memory_meter(device)
     meter.attach(model, optimizer)
     model.train()
@@ -58,7 +58,7 @@ def _plain_loop(model: nn.Module, optimizer: torch.optim.Optimizer | None, batch
         measured = _is_measured(step, config)
         started = time.perf_counter()
         with meter.step() if measured else contextlib.nullcontext():
-            loss = optimizer_step(parts, [batch], items=1).loss
+            loss = optimizer_step(parts, [batch], items=None).loss
         records.append(_record(step, loss, batch, time.perf_counter() - started,
                                meter if measured else None))
     return records

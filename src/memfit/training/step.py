@@ -52,7 +52,8 @@ class StepParts:
     model: nn.Module
     # None: the model's own hooks update it inside backward (a peer's per-layer optimizers).
     optimizer: Optimizer | None
-    # A micro-batch's loss summed over its items; the step divides by the step's items.
+    # A micro-batch's loss summed over its items (the step divides it by the step's items),
+    # or already a mean (a step given items=None backpropagates it as it is).
     loss_sum: Callable[[nn.Module, Batch], torch.Tensor]
     precision: Precision
     device: torch.device
@@ -94,11 +95,12 @@ def to_device(batch: Batch, device: torch.device, precision: Precision) -> Batch
             for key, value in batch.items()}
 
 
-def optimizer_step(parts: StepParts, micro_batches: list[Batch], items: int,
+def optimizer_step(parts: StepParts, micro_batches: list[Batch], items: int | None,
                    judge: Callable[[float, float | None], Verdict] | None = None,
                    check_adapter_gradients: bool = False) -> StepOutcome:
     """One optimizer step over ``micro_batches``, whose loss items (summed over ranks) are
-    ``items``. ``judge(loss, grad_norm)`` decides between clipping and the update;
+    ``items`` (None: ``parts.loss_sum`` gives means, backpropagated undivided).
+    ``judge(loss, grad_norm)`` decides between clipping and the update;
     ``check_adapter_gradients`` (a run's first step) fails when no gradient reached the
     LoRA adapters. An OOM in forward/backward propagates as it is (nothing was updated);
     one after backward raises OptimizerStepOutOfMemory."""
@@ -118,7 +120,7 @@ def optimizer_step(parts: StepParts, micro_batches: list[Batch], items: int,
     return StepOutcome(loss, grad_norm, verdict)
 
 
-def _forward_backward(parts: StepParts, micro_batches: list[Batch], items: int,
+def _forward_backward(parts: StepParts, micro_batches: list[Batch], items: int | None,
                       in_backward: bool) -> float:
     """Backward of ``loss_sum / items`` for each micro-batch; returns the step's mean loss
     (its tensors are freed on return, before clipping and the update)."""
@@ -129,7 +131,7 @@ def _forward_backward(parts: StepParts, micro_batches: list[Batch], items: int,
         batch = to_device(batch, parts.device, parts.precision)
         with autocast(parts.precision, parts.device), parts.activation_offload():
             loss_sum = parts.loss_sum(parts.model, batch)
-        loss = loss_sum / max(items, 1)
+        loss = loss_sum / max(items, 1) if items is not None else loss_sum
         (parts.scaler.scale(loss) if parts.scaler else loss).backward()
         step_loss += loss.item()
     return step_loss
