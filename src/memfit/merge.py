@@ -38,7 +38,8 @@ from memfit.distributed.checkpoint import is_sharded_checkpoint, load_trainable
 from memfit.models.export_module import exported_module
 from memfit.models.load import TORCH_DTYPES
 from memfit.techniques import quantize
-from memfit.training.build import frozen_storage_dtype, load_base, seed_everything
+from memfit.techniques.registry import frozen_storage_dtype
+from memfit.training.build import load_base, seed_everything
 
 
 def merged_model(run_dir: Path) -> tuple[nn.Module, object | None, bool]:

@@ -37,16 +37,11 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision, Task
-from memfit.models.load import import_object
-from memfit.models.loss import (
-    causal_lm_loss_sum,
-    classification_logits,
-    classification_loss_sum,
-    reconstruction_loss_sum,
-)
+from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision
 from memfit.plan import costs, meta
 from memfit.plan.trace import TraceResult, trace_micro_batch
+from memfit.plan.workload import ExampleBatch, workload
+from memfit.techniques.quantize_stand_in import quantized_path
 
 EXACT_DEPTH = 4
 CATEGORIES: tuple[str, ...] = ("weights", "grads", "optimizer", "activations", "temporaries")
@@ -74,9 +69,6 @@ class Estimate:
         return {"bytes": dict(self.bytes), "peak_tensor_bytes": self.peak_tensor_bytes,
                 "device_overhead_bytes": self.device_overhead_bytes,
                 "host_bytes": self.host_bytes}
-
-
-ExampleBatch = dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -171,7 +163,7 @@ def _block_bytes(model: nn.Module) -> tuple[int, int]:
 def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> _Sizing:
     key = (config.model, config.adapter, config.precision, config.memory,
            config.train.micro_batch_size, config.data.max_length, _batch_key(example_batch),
-           meta.quantized_path(config, device) if config.adapter.kind is AdapterKind.QLORA
+           quantized_path(config, device) if config.adapter.kind is AdapterKind.QLORA
            else None)
     if key not in _SIZING_CACHE:
         transformers_config = meta.hf_config(config)
@@ -189,7 +181,7 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
     built = meta.build(config, layers, device)
     weights = costs.weight_bytes(built.model)
     params = costs.trainable_params(built.model)
-    make_batch, loss_sum = _workload(config, built, example_batch)
+    make_batch, loss_sum = workload(config, built, example_batch)
     trace = trace_micro_batch(built.model, make_batch, loss_sum, AUTOCAST.get(config.precision),
                               config.memory.activation_offload)
     return _Sizing(weights, params, trace, *_block_bytes(built.model))
@@ -219,59 +211,3 @@ def _batch_key(example_batch: ExampleBatch | None) -> tuple | None:
     if example_batch is None:
         return None
     return tuple((name, tuple(t.shape), t.dtype) for name, t in sorted(example_batch.items()))
-
-
-def _workload(config: Config, built: meta.MetaModel, example_batch: ExampleBatch | None):
-    """(make_batch, loss_sum) as the training loop would run them."""
-    if config.model.task is Task.CAUSAL_LM and built.is_transformers:
-        shape = (config.train.micro_batch_size, config.data.max_length)
-
-        def make_batch() -> dict[str, Any]:
-            # attention_mask None: an all-ones mask (packed text), which transformers drops.
-            return {"input_ids": torch.zeros(shape, dtype=torch.long),
-                    "labels": torch.zeros(shape, dtype=torch.long), "attention_mask": None}
-
-        if config.memory.chunked_loss:
-            from memfit.techniques import chunked_loss
-
-            chunk_tokens = config.memory.loss_chunk_tokens
-            return make_batch, lambda model, batch: chunked_loss.causal_lm_loss_sum(
-                model, batch, chunk_tokens)
-        return make_batch, causal_lm_loss_sum
-    if config.model.task is Task.SEQUENCE_CLASSIFICATION:
-        size, length = config.train.micro_batch_size, config.data.max_length
-
-        def make_classified_batch() -> dict[str, Any]:
-            # Examples as long as data.max_length allows (the longest a batch can be).
-            return {"input_ids": torch.zeros((size, length), dtype=torch.long),
-                    "attention_mask": torch.ones((size, length), dtype=torch.long),
-                    "labels": torch.zeros(size, dtype=torch.long)}
-
-        return make_classified_batch, lambda model, batch: classification_loss_sum(
-            classification_logits(model, batch), batch["labels"])
-    if example_batch is None:
-        raise ConfigError("planning a model.factory or image model needs one example "
-                          "micro-batch: pass example_batch={name: tensor} to memfit.plan")
-    loss_function = import_object(config.model.loss, "model.loss") if config.model.loss else None
-    reconstruction = (config.model.reconstruction_loss.value
-                      if config.model.task is Task.AUTOENCODER else None)
-
-    pure = config.precision is Precision.BF16_PURE  # the loop casts float inputs to bf16
-
-    def make_factory_batch() -> dict[str, Any]:
-        return {name: torch.empty(tensor.shape, dtype=torch.bfloat16
-                                  if pure and tensor.is_floating_point() else tensor.dtype)
-                for name, tensor in example_batch.items()}
-
-    def loss_sum(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-        if reconstruction:  # as training.objective: reconstruct the images (or targets)
-            target = batch.get("targets", batch["images"])
-            return reconstruction_loss_sum(model(batch["images"]), target, reconstruction)
-        outputs = model(**batch)
-        if loss_function is not None:
-            return loss_function(outputs, batch)
-        return outputs if isinstance(outputs, torch.Tensor) else outputs.loss
-
-    return make_factory_batch, loss_sum
-
-

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import AdapterConfig, BaseQuantization, Precision
+from memfit.config.schema import AdapterConfig, BaseQuantization, Config, Precision
+from memfit.models.presets import DEMO_BASE
 
 COMPUTE_DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16,
                   Precision.FP16: torch.float16, Precision.BF16_PURE: torch.bfloat16}
@@ -31,6 +32,13 @@ LLM_INT8_THRESHOLD = 6.0  # transformers' default outlier threshold
 
 def compute_dtype(precision: Precision) -> torch.dtype:
     return COMPUTE_DTYPES[precision]
+
+
+def quantized_while_loading(config: Config) -> bool:
+    """Hugging Face folders (model.path, the demo base) are quantized by transformers while
+    loading (``bnb_config``); built models (presets, factories) after, by
+    ``quantize_linears``."""
+    return bool(config.model.path) or config.model.preset == DEMO_BASE
 
 
 def bnb_config(config: AdapterConfig, precision: Precision, skip_modules: list[str]):

@@ -6,14 +6,14 @@
                                model.num_labels from the training data; Run.config has them)
 2. model + tokenizer          (models.load; Hugging Face folders load quantized for qlora)
 3. data                       (data.build_datasets; fails early on bad rows)
-4. quantized base             (techniques.quantize; built models, adapter.kind=qlora)
-5. activation checkpointing   (techniques.checkpointing; before LoRA renames modules)
-6. adapter                    (techniques.lora; freezes the base)
-7. frozen weights in the compute dtype (techniques.quantize.store_frozen_in)
-8. "did it apply?" checks     (each technique's check_applied; warnings are printed)
-9. device                     (cuda when present, else cpu; a process's own GPU when distributed)
-10. FSDP2 sharding            (distributed.strategy=fsdp; memfit.distributed.fsdp)
-11. optimizer (+ host offload), lr schedule, grad scaler
+4. techniques, load stage     (techniques.registry: the quantized base of built models)
+5. techniques, model stage    (activation checkpointing, adapters, frozen weights in the
+                               compute dtype; in the registry's order)
+6. "did it apply?" checks     (each technique's check_applied; warnings are printed)
+7. device                     (cuda when present, else cpu; a process's own GPU when distributed)
+8. techniques, device stage   (bf16-pure weights; before FSDP2 sharding when sharded)
+9. FSDP2 sharding             (distributed.strategy=fsdp; memfit.distributed.fsdp)
+10. optimizer, techniques of the optimizer stage (host offload), lr schedule, grad scaler
 
 Nothing here writes to disk: a bad config or data file fails before a run folder exists.
 """
@@ -32,18 +32,16 @@ import torch
 from torch import nn
 
 from memfit import distributed
-from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision, Task
+from memfit.config.schema import AdapterKind, Config, DistributedStrategy
 from memfit.data import Splits, build_datasets, collate
 from memfit.distributed import fsdp
-from memfit.models.classifier import HEAD_SUFFIXES, head_names, with_classes
+from memfit.models.classifier import with_classes
 from memfit.models.export_module import exported_module
 from memfit.models.load import LoadedModel, load_model
-from memfit.models.presets import DEMO_BASE
 from memfit.plan.context import check_max_length
-from memfit.techniques import checkpointing, chunked_loss, lora, quantize
+from memfit.techniques import checkpointing, registry
 from memfit.techniques.activation_offload import ActivationOffload
 from memfit.techniques.adapter_map import AdapterMap, adapter_map
-from memfit.techniques.optimizer_offload import HostOffloadOptimizer
 from memfit.techniques.optimizers import build_optimizer
 from memfit.training.objective import Objective
 from memfit.training.precision import grad_scaler
@@ -122,63 +120,31 @@ def warn_if_smaller_than_a_micro_batch(config: Config, train_examples: int,
 def load_base(config: Config) -> LoadedModel:
     """Steps 2 and 4: the model with its frozen base quantized as configured (shared with
     ``memfit merge``, which must rebuild exactly the base the adapters were trained on)."""
-    qlora = config.adapter.kind is AdapterKind.QLORA
-    hf_folder = bool(config.model.path) or config.model.preset == DEMO_BASE
-    unquantized = list(config.adapter.trainable_modules)
-    if config.model.task is Task.SEQUENCE_CLASSIFICATION:
-        unquantized += HEAD_SUFFIXES  # the new head trains in full
-    loaded = load_model(config.model, quantize.bnb_config(
-        config.adapter, config.precision, unquantized)
-        if qlora and hf_folder else None, images=config.data.images)
-    if qlora and not hf_folder:
-        keep = lora.output_layer_names(loaded.model) | set(
-            lora.resolve_trainable_modules(loaded.model, config.adapter.trainable_modules))
-        quantize.quantize_linears(loaded.model, config.adapter, config.precision, keep)
-    if qlora:
-        quantize.keep_training_layout(loaded.model)
+    loaded = load_model(config.model, registry.load_quantization(config),
+                        images=config.data.images)
+    loaded.model = registry.apply_stage("load", loaded.model, _setting(loaded.model, config,
+                                                                       loaded.is_transformers))
     return loaded
 
 
-def frozen_storage_dtype(config: Config) -> torch.dtype | None:
-    """Step 7: the dtype frozen Linear weights are stored in, or None to leave them."""
-    autocast = config.precision in (Precision.BF16, Precision.FP16)
-    if (config.adapter.kind is AdapterKind.NONE or not autocast
-            or not config.adapter.frozen_in_compute_dtype):
-        return None
-    return quantize.compute_dtype(config.precision)
+def _setting(model: nn.Module, config: Config, is_transformers: bool) -> registry.Setting:
+    return registry.setting(model, config, is_transformers, distributed.device().type)
 
 
 def prepare_model(loaded: LoadedModel, config: Config) -> tuple[nn.Module, list[str]]:
-    """Steps 5-8 on a loaded base; returns the model and the checks' warnings."""
-    model = loaded.model
-    if config.memory.gradient_checkpointing:
-        model = checkpointing.apply(model, config.memory, loaded.is_transformers)
-    if config.adapter.kind is not AdapterKind.NONE:
-        head = (head_names(model) if config.model.task is Task.SEQUENCE_CLASSIFICATION
-                else ())
-        model = lora.apply(model, config.adapter, classifier_head=head)
-    storage_dtype = frozen_storage_dtype(config)
-    if storage_dtype is not None:
-        quantize.store_frozen_in(model, storage_dtype)
-    warnings = []
-    if config.adapter.kind is AdapterKind.QLORA:
-        warnings += quantize.check_applied(model)
-    if config.adapter.kind is not AdapterKind.NONE:
-        lora.check_applied(model)
-    if config.memory.gradient_checkpointing:
-        checkpointing.check_applied(model)
-    if config.memory.chunked_loss:
-        chunked_loss.check_supported(model)
-    return model, warnings
+    """Steps 5 and 6 on a loaded base; returns the model and the checks' warnings."""
+    model = registry.apply_stage("model", loaded.model, _setting(loaded.model, config,
+                                                                 loaded.is_transformers))
+    return model, registry.check_applied(model, config)
 
 
-def shard(model: nn.Module, config: Config, device: torch.device) -> nn.Module:
-    """Step 10: FSDP2 units on the blocks checkpointing would choose (decoder layers, or
-    memory.checkpoint_modules for plain modules) and the root; shards move to ``device``."""
-    if config.precision is Precision.BF16_PURE:
-        model.to(torch.bfloat16)  # before sharding: FSDP2 keeps the dtype it shards
-    blocks = checkpointing.choose_blocks(model, config.memory)
-    return fsdp.shard(model, blocks, config.precision, device)
+def shard(model: nn.Module, setting: registry.Setting, device: torch.device) -> nn.Module:
+    """Steps 8 and 9: FSDP2 units on the blocks checkpointing would choose (decoder layers,
+    or memory.checkpoint_modules for plain modules) and the root; shards move to
+    ``device``. The device stage (bf16-pure) comes first: FSDP2 keeps the dtype it shards."""
+    model = registry.apply_stage("device", model, setting)
+    blocks = checkpointing.choose_blocks(model, setting.config.memory)
+    return fsdp.shard(model, blocks, setting.config.precision, device)
 
 
 def build_run(config: Config) -> Run:
@@ -197,15 +163,12 @@ def build_run(config: Config) -> Run:
     if adapters is not None and distributed.is_main():  # the same on every rank
         print(f"memfit: {adapters.to_text()}", file=sys.stderr)
     device = distributed.device()
+    setting = _setting(model, config, loaded.is_transformers)
     if config.distributed.strategy is DistributedStrategy.FSDP:
-        model = shard(model, config, device)
+        model = shard(model, setting, device)
     else:
-        model.to(device)
-        if config.precision is Precision.BF16_PURE:
-            model.to(torch.bfloat16)  # no fp32 master copy; the optimizer rounds stochastically
-    optimizer = build_optimizer(model, config)
-    if config.memory.optimizer_offload:
-        optimizer = HostOffloadOptimizer(optimizer)
+        model = registry.apply_stage("device", model.to(device), setting)
+    optimizer = registry.apply_stage("optimizer", build_optimizer(model, config), setting)
     total_steps = total_optimizer_steps(config, len(splits.train))
     if distributed.is_main():
         warn_if_smaller_than_a_micro_batch(config, len(splits.train), total_steps)
@@ -214,14 +177,7 @@ def build_run(config: Config) -> Run:
     return Run(
         config=config, model=model, tokenizer=loaded.tokenizer,
         is_transformers=loaded.is_transformers, splits=splits,
-        objective=Objective(causal_lm=config.model.task is Task.CAUSAL_LM,
-                            loss_function=loaded.loss_function,
-                            loss_chunk_tokens=config.memory.loss_chunk_tokens
-                            if config.memory.chunked_loss else None,
-                            reconstruction_loss=config.model.reconstruction_loss.value
-                            if config.model.task is Task.AUTOENCODER else None,
-                            classification=config.model.task
-                            is Task.SEQUENCE_CLASSIFICATION),
+        objective=Objective.for_config(config, loaded.loss_function),
         optimizer=optimizer, scheduler=scheduler,
         scaler=grad_scaler(config.precision, device), device=device, total_steps=total_steps,
         adapter_map=adapters,

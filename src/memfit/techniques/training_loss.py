@@ -1,0 +1,91 @@
+"""Which loss a micro-batch trains with, and its SUM: the one dispatch training
+(``training.objective``) and the planner (``plan.workload``, which traces it on fake
+tensors to count the logits' memory) both run.
+
+Chunked causal-LM loss (memory.chunked_loss), causal-LM loss, reconstruction
+(model.task=autoencoder), classification (model.task=sequence-classification), or a
+factory model's own loss (its forward's, or model.loss).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from memfit.config.schema import Config, Task
+from memfit.models.loss import (
+    causal_lm_loss_sum,
+    classification_logits,
+    classification_loss_sum,
+    reconstruction_loss_sum,
+)
+from memfit.techniques import chunked_loss
+
+LossFunction = Callable[[Any, dict], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TrainingLoss:
+    causal_lm: bool
+    loss_function: LossFunction | None = None  # model.loss, for a factory model
+    loss_chunk_tokens: int | None = None  # memory.chunked_loss; None: unchunked
+    # model.task=autoencoder: "mse" or "l1"; the batch holds "images" (the model's input)
+    # and, when the target differs from it, "targets", both (B, C, H, W).
+    reconstruction_loss: str | None = None
+    # model.task=sequence-classification: cross-entropy per example; the batch's "labels"
+    # are (B,) class ids.
+    classification: bool = False
+
+    @classmethod
+    def for_config(cls, config: Config, loss_function: LossFunction | None = None):
+        task = config.model.task
+        return cls(causal_lm=task is Task.CAUSAL_LM, loss_function=loss_function,
+                   loss_chunk_tokens=config.memory.loss_chunk_tokens
+                   if config.memory.chunked_loss else None,
+                   reconstruction_loss=config.model.reconstruction_loss.value
+                   if task is Task.AUTOENCODER else None,
+                   classification=task is Task.SEQUENCE_CLASSIFICATION)
+
+    def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        if self.causal_lm and self.loss_chunk_tokens:
+            return chunked_loss.causal_lm_loss_sum(model, batch, self.loss_chunk_tokens)
+        if self.causal_lm:
+            return causal_lm_loss_sum(model, batch)
+        if self.reconstruction_loss:
+            return self.reconstruct(model, batch)[0]
+        if self.classification:
+            return classification_loss_sum(classification_logits(model, batch), batch["labels"])
+        return module_loss_sum(model, batch, self.loss_function)
+
+    def reconstruct(self, model: nn.Module, batch: dict[str, torch.Tensor]
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(loss sum, reconstruction, target) of an autoencoder's micro-batch."""
+        reconstruction = model(batch["images"])
+        target = batch.get("targets", batch["images"])
+        return (reconstruction_loss_sum(reconstruction, target, self.reconstruction_loss),
+                reconstruction, target)
+
+
+def module_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],
+                    loss_function: LossFunction | None) -> torch.Tensor:
+    """Factory models: forward(**batch) returns a mean loss (or outputs for model.loss);
+    scaled by the batch size so micro-batches of different sizes weigh fairly."""
+    outputs = model(**batch)
+    if loss_function is not None:
+        loss = loss_function(outputs, batch)
+    else:
+        loss = outputs if isinstance(outputs, torch.Tensor) else getattr(outputs, "loss", None)
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0:
+        raise TypeError(
+            "a model.factory model must return a scalar loss tensor (or an object with .loss) "
+            "from forward(**batch), or name model.loss"
+        )
+    return loss * example_count(batch)
+
+
+def example_count(batch: dict[str, torch.Tensor]) -> int:
+    return next(iter(batch.values())).shape[0]
