@@ -23,7 +23,7 @@ from memfit.config.schema import Config
 # Keys holding filesystem paths: relative values written in a YAML file are resolved
 # against that file's folder, so a config and its data can travel together.
 PATH_KEYS = {("model", "path"), ("data", "path"), ("data", "eval_path")}
-FILE_REFERENCE_KEYS = ("factory", "loss")
+FILE_REFERENCE_KEYS = (("model", "factory"), ("model", "loss"), ("optimizer", "name"))
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
@@ -54,13 +54,13 @@ def _resolve_relative_paths(raw: dict[str, Any], base: Path) -> None:
         block = raw.get(section)
         if isinstance(block, dict) and isinstance(block.get(key), str):
             block[key] = _resolve(block[key], base)
-    # 'path/to/file.py:function' references name a file too.
-    model = raw.get("model")
-    for key in FILE_REFERENCE_KEYS:
-        if isinstance(model, dict) and isinstance(model.get(key), str):
-            file, sep, function = model[key].rpartition(":")
+    # 'path/to/file.py:name' references name a file too.
+    for section, key in FILE_REFERENCE_KEYS:
+        block = raw.get(section)
+        if isinstance(block, dict) and isinstance(block.get(key), str):
+            file, sep, name = block[key].rpartition(":")
             if sep and file.endswith(".py"):
-                model[key] = f"{_resolve(file, base)}:{function}"
+                block[key] = f"{_resolve(file, base)}:{name}"
 
 
 def _resolve(path: str, base: Path) -> str:
@@ -189,6 +189,10 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         except ValueError:
             choices = ", ".join(member.value for member in hint)
             raise ConfigError(f"{key}={value!r} is not one of: {choices}") from None
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{key} must be a mapping of name: value, got {value!r}")
+        return dict(value)
     if origin is tuple:
         if isinstance(value, str):
             value = [part.strip() for part in value.split(",") if part.strip()]

@@ -28,6 +28,8 @@ def _type_name(hint: typing.Any) -> str:
         return " | ".join(member.value for member in hint)
     if origin is tuple:
         return "list of " + _type_name(args[0])
+    if origin is dict:
+        return "mapping"
     if args:  # a union
         return " | ".join("null" if arg is type(None) else _type_name(arg) for arg in args)
     return getattr(hint, "__name__", str(hint))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 
 class Choice(str, Enum):
@@ -84,6 +85,7 @@ class GaloreProjector(Choice):
     RANDOMIZED_SVD = "randomized_svd"
     ONLINE = "online"
     RANDOM = "random"
+    APOLLO_MINI = "apollo_mini"
 
 
 class GaloreInner(Choice):
@@ -316,7 +318,9 @@ class GaloreConfig:
     update_gap: int = doc("Optimizer steps between projector refreshes (T).", default=200)
     scale: float = doc("Scale applied to the projected-back update.", default=0.25)
     projector: GaloreProjector = doc(
-        "svd, randomized_svd, online (Online Subspace Descent) or random (APOLLO-style).",
+        "svd, randomized_svd, online (Online Subspace Descent), random (APOLLO) or "
+        "apollo_mini (APOLLO-Mini: rank 1, one scale per tensor; the paper uses "
+        "optimizer.galore.scale=11.3, sqrt(128)).",
         default=GaloreProjector.RANDOMIZED_SVD,
     )
     inner: GaloreInner = doc(
@@ -352,7 +356,13 @@ class GaloreConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    name: OptimizerName = doc("Optimizer.", default=OptimizerName.ADAMW)
+    name: OptimizerName | str = doc(
+        "Optimizer, or the class path 'package.module:Class' (or 'file.py:Class') of any "
+        "torch.optim.Optimizer, built as Class(groups, lr=optimizer.lr, **optimizer.kwargs).",
+        default=OptimizerName.ADAMW)
+    kwargs: dict[str, Any] = doc(
+        "Keyword arguments of a class-path optimizer.name (e.g. {momentum: 0.9}).",
+        default_factory=dict)
     lr: float = doc("Peak learning rate.", default=2e-4)
     weight_decay: float = doc(
         "Decoupled weight decay; never applied to norms, biases or embeddings.", default=0.0

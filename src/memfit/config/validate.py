@@ -24,6 +24,7 @@ from memfit.config.schema import (
 
 
 def validate(config: Config) -> None:
+    _check_optimizer_name(config)
     _check_model(config)
     _check_numbers(config)
     _check_combinations(config)
@@ -152,10 +153,13 @@ def _check_combinations(config: Config) -> None:
             "every gradient before any step, and layer-wise steps run inside backward; use "
             "bf16 or fp32"
         )
-    stochastic = (OptimizerName.ADAMW, OptimizerName.GALORE)
-    if config.precision is Precision.BF16_PURE and config.optimizer.name not in stochastic:
+    if config.precision is Precision.BF16_PURE and not _optimizer_spec(config).rounds_stochastically:
+        from memfit.techniques.optimizers import SPECS
+
+        rounding = " or ".join(name.value for name, spec in SPECS.items()
+                               if spec.rounds_stochastically)
         raise ConfigError(
-            f"precision=bf16-pure needs optimizer.name adamw or galore (they update bf16 "
+            f"precision=bf16-pure needs optimizer.name {rounding} (they update bf16 "
             f"weights with stochastic rounding), not {config.optimizer.name}"
         )
     if config.model.dtype is ModelDtype.FLOAT16 and config.precision is Precision.BF16_PURE:
@@ -173,18 +177,34 @@ def _check_combinations(config: Config) -> None:
         raise ConfigError("memory.auto=true needs memory.budget (e.g. memory.budget=24GiB)")
 
 
-# What FSDP2 (distributed.strategy=fsdp) cannot train, and why: (predicate, message).
+def _optimizer_spec(config: Config):
+    """The optimizer's own spec: what it cannot combine with lives there. (Imported here,
+    not at the top: the specs build on this package.)"""
+    from memfit.techniques.optimizers import spec_for
+
+    return spec_for(config)
+
+
+def _check_optimizer_name(config: Config) -> None:
+    name = config.optimizer.name
+    if isinstance(name, OptimizerName):
+        return
+    if ":" not in name:
+        choices = ", ".join(member.value for member in OptimizerName)
+        raise ConfigError(f"optimizer.name={name!r} is not one of: {choices}, or a class path "
+                          "'package.module:Class' of a torch.optim.Optimizer")
+
+
+def _optimizer_refusal(config: Config) -> str | None:
+    why = _optimizer_spec(config).fsdp_refusal
+    if why is None:
+        return None
+    return f"optimizer.name={config.optimizer.name}: {why}; use optimizer.name=adamw"
+
+
+# What FSDP2 (distributed.strategy=fsdp) cannot train besides the optimizers whose spec
+# refuses it, and why: (predicate, message).
 _NOT_WITH_FSDP = [
-    (lambda c: c.optimizer.name in (OptimizerName.ADAMW8BIT, OptimizerName.PAGED_ADAMW8BIT),
-     "optimizer.name=adamw8bit/paged_adamw8bit: bitsandbytes' 8-bit kernels take plain "
-     "tensors, not FSDP2's sharded DTensor parameters, and their block-quantized state "
-     "could not be resharded to another number of processes; use optimizer.name=adamw"),
-    (lambda c: c.optimizer.name is OptimizerName.ADAFACTOR,
-     "optimizer.name=adafactor: its factored second moment updates whole rows and columns "
-     "in place, which sharded DTensor parameters do not support; use optimizer.name=adamw"),
-    (lambda c: c.optimizer.name is OptimizerName.GALORE,
-     "optimizer.name=galore: its projector is an SVD of each whole weight matrix, which "
-     "FSDP2 splits across processes; use optimizer.name=adamw"),
     (lambda c: c.optimizer.layerwise,
      "optimizer.layerwise=true: its per-parameter optimizers keep a state layout that "
      "torch.distributed.checkpoint cannot reshard, so checkpoints could not resume; set "
@@ -203,7 +223,8 @@ _NOT_WITH_FSDP = [
 
 def fsdp_incompatibility(config: Config) -> str | None:
     """Why distributed.strategy=fsdp cannot train ``config`` (None: it can)."""
-    return next((why for applies, why in _NOT_WITH_FSDP if applies(config)), None)
+    return _optimizer_refusal(config) or next(
+        (why for applies, why in _NOT_WITH_FSDP if applies(config)), None)
 
 
 def _check_distributed(config: Config) -> None:

@@ -1,10 +1,12 @@
-"""memfit's own optimizers: GaLore family, AdamW with stochastic rounding, layer-wise updates.
+"""memfit's own optimizers: GaLore family, AdamW with stochastic rounding, torch's AdamW with
+bounded step scratch, layer-wise updates.
 
 All are torch.optim.Optimizer subclasses whose state is tensors and plain numbers, so
 `torch.load(..., weights_only=True)` of their state_dict restores them.
 """
 
 from memfit.optim.adamw import AdamW
+from memfit.optim.bounded_adamw import BoundedAdamW
 from memfit.optim.galore import GaLore
 from memfit.optim.inner import INNER_CHOICES
 from memfit.optim.layerwise import LayerwiseOptimizer
@@ -15,6 +17,7 @@ __all__ = [
     "INNER_CHOICES",
     "PROJECTOR_CHOICES",
     "AdamW",
+    "BoundedAdamW",
     "GaLore",
     "LayerwiseOptimizer",
     "stochastic_round_to_bf16",

@@ -15,6 +15,9 @@ Projectors (Zhao et al. 2024; Liang et al. 2024; Zhu et al. 2025):
   random          APOLLO: seeded Gaussian P regenerated every update_gap steps (only the
                   seed is stored); the weight moves by the raw gradient scaled per channel
                   (columns of g) by ||inner(R)|| / ||R||, with norm-growth limiter 1.01
+  apollo_mini     APOLLO-Mini: the same with rank 1 whatever `rank` says, and one scale for
+                  the whole tensor, ||inner(R)|| / ||R||: the state is a 1 x l moment pair
+                  (Zhu et al. 2025 pair it with scale = sqrt(128))
 
 subspace_change, what the moments do when P changes: "keep" them as they are (they then
 describe coordinates of the new subspace), "reset" them to zero (restarting bias
@@ -40,6 +43,7 @@ Updates of parameters over 2**20 values are computed and applied one row chunk a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -57,6 +61,7 @@ from memfit.optim.inner import (
     rotate_moments,
     row_chunks,
 )
+from memfit.optim.inner import state_bytes as inner_state_bytes
 from memfit.optim.projectors import (
     PROJECTOR_CHOICES,
     align_signs,
@@ -73,6 +78,10 @@ DEFAULT_SUBSPACE_CHANGE = "reproject"
 
 # APOLLO's norm-growth limiter: ||update_t|| <= 1.01 ||update_{t-1}||.
 _NORM_GROWTH_LIMIT = 1.01
+
+# Projectors whose P is regenerated from a stored seed and whose update is the raw gradient
+# scaled by how much the inner rule changed R (APOLLO, APOLLO-Mini).
+RAW_GRADIENT_PROJECTORS: tuple[str, ...] = ("random", "apollo_mini")
 
 # Tags that keep the random streams of one (seed, parameter, step) independent.
 _STREAM_RANDOMIZED_SVD, _STREAM_RANDOM_BASIS, _STREAM_ROUNDING = 1, 2, 3
@@ -189,24 +198,52 @@ class GaLore(StatePreservingOptimizer):
     # ----- which parameters are projected, and into what shape -------------------------
 
     @staticmethod
+    def projection(shape: tuple[int, ...], group: dict[str, Any]) -> tuple[int, int, int] | None:
+        """(s, r, l) of a parameter of ``shape`` in ``group``: g is s x l (s <= l), P s x r
+        and R r x l; None when it gets the plain inner update. The planner calls this too."""
+        if len(shape) < 2:
+            return None
+        rows = shape[0]
+        small, large = sorted((rows, math.prod(shape) // rows))
+        rank = 1 if group["projector"] == "apollo_mini" else group["rank"]
+        if group["project"] is None:
+            return (small, rank, large) if small > rank else None
+        return (small, min(rank, small), large) if group["project"] else None
+
+    @staticmethod
+    def state_bytes(shape: tuple[int, ...], group: dict[str, Any]) -> int:
+        """Bytes of the state kept for a parameter of ``shape`` in ``group`` (what
+        state_dict holds after its first step; ints not counted)."""
+        sides = GaLore.projection(shape, group)
+        if sides is None:
+            return inner_state_bytes(shape, group["inner"])
+        small, rank, large = sides
+        moments = inner_state_bytes((rank, large), group["inner"])
+        if group["projector"] in RAW_GRADIENT_PROJECTORS:
+            return moments + 4  # P is a seed; the limiter's last norm, a 0-d fp32 tensor
+        if group["projector"] == "online":  # P and its own fp32 Adam moments
+            return moments + 3 * 4 * small * rank
+        return moments + 4 * small * rank
+
+    @staticmethod
     def _rank(param: torch.Tensor, group: dict[str, Any]) -> int | None:
         """Effective rank if `param` is projected in `group`, else None."""
-        if param.dim() < 2:
+        sides = GaLore.projection(tuple(param.shape), group)
+        return None if sides is None else sides[1]
+
+    @staticmethod
+    def accumulation_shape_of(shape: tuple[int, ...], group: dict[str, Any]) -> torch.Size | None:
+        """Shape r x l of the projected gradient if gradients of a parameter of ``shape``
+        can be accumulated in projected form, else None (unprojected, or a projector whose
+        weight update needs the full gradient)."""
+        sides = GaLore.projection(shape, group)
+        if sides is None or group["projector"] in RAW_GRADIENT_PROJECTORS:
             return None
-        smaller_side = min(param.shape[0], param.numel() // param.shape[0])
-        if group["project"] is None:
-            return group["rank"] if smaller_side > group["rank"] else None
-        return min(group["rank"], smaller_side) if group["project"] else None
+        return torch.Size(sides[1:])
 
     def accumulation_shape(self, param: torch.Tensor) -> torch.Size | None:
-        """Shape r x l of the projected gradient if gradients of `param` can be accumulated
-        in projected form, else None (unprojected, or the random projector, whose weight
-        update needs the full gradient)."""
         group, _ = self.locate(param)
-        rank = self._rank(param, group)
-        if rank is None or group["projector"] == "random":
-            return None
-        return torch.Size((rank, max(param.shape[0], param.numel() // param.shape[0])))
+        return self.accumulation_shape_of(tuple(param.shape), group)
 
     def refresh_pending(self, param: torch.Tensor) -> bool:
         """Whether the next step of `param` computes a new P from its gradient."""
@@ -259,7 +296,8 @@ class GaLore(StatePreservingOptimizer):
         unprojected parameters, steps whose P is not computed yet (the SVD needs g), and the
         online and random projectors (their update needs g on every step)."""
         group, _ = self.locate(param)
-        if self._rank(param, group) is None or group["projector"] in ("online", "random"):
+        if self._rank(param, group) is None or group["projector"] in (
+                "online", *RAW_GRADIENT_PROJECTORS):
             return None
         state = self.state[param]
         # P of this step exists once refreshed (layer-wise accumulation refreshes it from the
@@ -304,7 +342,7 @@ class GaLore(StatePreservingOptimizer):
         rank: int,
         device: torch.device,
     ) -> torch.Tensor:
-        if group["projector"] == "random":
+        if group["projector"] in RAW_GRADIENT_PROJECTORS:
             generator = make_generator(state["projector_seed"], device)
             return random_basis(rows, rank, generator, device)
         return state["projector"]
@@ -359,7 +397,7 @@ class GaLore(StatePreservingOptimizer):
             rotate_moments(
                 state, change_of_basis(new, old), group["inner"], torch.Size((rank, g.shape[1]))
             )
-        if name != "random":
+        if name not in RAW_GRADIENT_PROJECTORS:
             state["projector"] = new
         state["projector_step"] = step
 
@@ -374,12 +412,13 @@ class GaLore(StatePreservingOptimizer):
         state = self.state[param]
         step = state.get("step", 0)
         direction = inner_direction(state, projected, group["inner"], group["betas"], group["eps"])
-        if group["projector"] == "random":
+        if group["projector"] in RAW_GRADIENT_PROJECTORS:
             if g is None:
-                raise RuntimeError("projector='random' updates need the full gradient")
-            update = _unmatrix(
-                self._apollo_update(state, g, projected, direction, group["eps"]), param
-            )
+                raise RuntimeError(f"projector={group['projector']!r} updates need the full "
+                                   "gradient")
+            tensor_wise = group["projector"] == "apollo_mini"
+            update = _unmatrix(self._apollo_update(
+                state, g, projected, direction, group["eps"], tensor_wise), param)
             updates = ((rows, update[rows]) for rows in row_chunks(param.shape))
         else:
             updates = _projected_back_by_rows(state["projector"], direction, param)
@@ -399,11 +438,16 @@ class GaLore(StatePreservingOptimizer):
         projected: torch.Tensor,
         direction: torch.Tensor,
         eps: float,
+        tensor_wise: bool,
     ) -> torch.Tensor:
-        """Raw gradient g (s x l) scaled per column by ||direction_j|| / ||R_j||, then limited
-        to grow at most 1.01x in norm per step (norm kept as a 0-d tensor: no host sync)."""
-        channel_scale = direction.norm(dim=0) / (projected.norm(dim=0) + eps)  # (l,)
-        update = g * channel_scale
+        """Raw gradient g (s x l) scaled per column by ||direction_j|| / ||R_j|| (APOLLO) or
+        as a whole by ||direction|| / ||R|| (APOLLO-Mini), then limited to grow at most
+        1.01x in norm per step (norm kept as a 0-d tensor: no host sync)."""
+        if tensor_wise:
+            scale = direction.norm() / (projected.norm() + eps)  # 0-d
+        else:
+            scale = direction.norm(dim=0) / (projected.norm(dim=0) + eps)  # (l,)
+        update = g * scale
         norm = update.norm()
         if "update_norm" in state:
             limit = _NORM_GROWTH_LIMIT * state["update_norm"]

@@ -41,6 +41,7 @@ from memfit.optim.quantize import (
     BLOCK_SIZE,
     dequantize_blockwise,
     quantize_blockwise,
+    quantized_bytes,
     quantized_zeros,
 )
 
@@ -55,6 +56,11 @@ _MOMENT_NAMES = ("exp_avg", "exp_avg_sq", "exp_avg_sq_row", "exp_avg_sq_col")
 
 # Values (fp32: 4 MiB) per row chunk of a large parameter's update.
 CHUNK_ELEMENTS = 1 << 20
+
+# fp32 row chunks alive at once in a chunked update (measured by
+# tests/unit/optim/test_optim_chunked_updates.py: at most 2 for adamw, 2.25 for adafactor,
+# 4.5 for 8-bit moments, which decode both moments and encode them again).
+_CHUNKS_ALIVE = {"adamw": 2, "adafactor": 3, "adamw8bit": 5}
 
 # Rows of dim 0 a chunk covers; `...` is the whole tensor in one piece.
 Rows = slice | EllipsisType
@@ -292,6 +298,24 @@ def inner_directions_by_rows(
     rows_multiple = BLOCK_SIZE // math.gcd(row_length, BLOCK_SIZE) if eight_bit else 1
     chunks = row_chunks(grad.shape, rows_multiple)
     return _adam_by_rows(state, grad, betas, eps, eight_bit, "", chunks)
+
+
+def state_bytes(shape: tuple[int, ...], inner: str) -> int:
+    """Bytes of the moments the named rule keeps for a gradient of ``shape`` (the keys
+    above; ``inner_step`` is an int): adamw two fp32 tensors, adamw8bit two quantised
+    ones, adafactor the row and column means of a >= 2-D gradient viewed as rows x rest."""
+    numel = math.prod(shape)
+    if inner == "adamw8bit":
+        return 2 * quantized_bytes(numel)
+    if inner == "adafactor":
+        return 4 * (shape[0] + numel // shape[0]) if len(shape) >= 2 else 4 * numel
+    return 8 * numel
+
+
+def chunked_update_scratch_bytes(numel: int, inner: str) -> int:
+    """Peak temporaries of ``inner_directions_by_rows`` and applying its chunks for a
+    parameter of ``numel`` values (the planner's figure for it)."""
+    return _CHUNKS_ALIVE[inner] * 4 * min(numel, CHUNK_ELEMENTS)
 
 
 def inner_direction(

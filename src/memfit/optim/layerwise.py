@@ -146,14 +146,20 @@ class LayerwiseOptimizer(Optimizer):
         """Peak bytes the accumulation buffers reach (0 without accumulation)."""
         if self.gradient_accumulation_steps == 1:
             return 0
-        total = 0
-        for index, param in enumerate(self._params):
-            shape = self._projected_shape(index, param)
-            if shape is not None and self.projector_refresh == "micro_batch":
-                total += math.prod(shape) * 4  # fp32 R
-            else:
-                total += param.numel() * param.element_size()
-        return total
+        return sum(self.buffer_bytes(param.numel() * param.element_size(),
+                                     self._projected_shape(index, param), self.projector_refresh)
+                   for index, param in enumerate(self._params))
+
+    @staticmethod
+    def buffer_bytes(grad_bytes: int, projected_shape: torch.Size | tuple[int, ...] | None,
+                     projector_refresh: str) -> int:
+        """Peak bytes of one parameter's accumulation buffer: the fp32 R (r x l) when its
+        gradients accumulate projected on every step, else a full-size gradient (with
+        "full_gradient", every parameter accumulates in full on the first step). The
+        planner calls this too."""
+        if projected_shape is not None and projector_refresh == "micro_batch":
+            return 4 * math.prod(projected_shape)
+        return grad_bytes
 
     def _projected_shape(self, index: int, param: torch.Tensor) -> torch.Size | None:
         inner = self._optimizers[index]

@@ -11,8 +11,8 @@ from typing import Literal
 
 import torch
 
-ProjectorName = Literal["svd", "randomized_svd", "online", "random"]
-PROJECTOR_CHOICES: tuple[str, ...] = ("svd", "randomized_svd", "online", "random")
+ProjectorName = Literal["svd", "randomized_svd", "online", "random", "apollo_mini"]
+PROJECTOR_CHOICES: tuple[str, ...] = ("svd", "randomized_svd", "online", "random", "apollo_mini")
 
 # Randomized range finder (Halko, Martinsson & Tropp 2011, Alg. 4.4): a few extra sketch
 # columns and two power iterations give near-SVD subspaces for gradient spectra.

@@ -20,7 +20,8 @@ import dataclasses
 from enum import Enum
 from typing import Any
 
-from memfit.config.schema import AdapterKind, Config, OptimizerName, Task
+from memfit.config.schema import AdapterKind, Config, Task
+from memfit.techniques.optimizers import spec_for
 
 Overrides = dict[str, Any]
 
@@ -95,7 +96,8 @@ def next_cheaper(config: Config) -> Overrides | None:
 
     1. divide the micro-batch by its smallest factor and multiply accumulation by it (the
        effective batch and the loss normalisation stay the same), down to 1;
-    2. activation checkpointing; 3. chunked loss (causal LMs); 4. 8-bit optimizer state;
+    2. activation checkpointing; 3. chunked loss (causal LMs); 4. the optimizer spec's cheaper
+       setting (8-bit AdamW state, GaLore's 8-bit inner rule);
     5. activation offload; 6. optimizer-state offload.
     """
     train, memory, optimizer = config.train, config.memory, config.optimizer
@@ -108,10 +110,9 @@ def next_cheaper(config: Config) -> Overrides | None:
         return {"memory.gradient_checkpointing": True}
     if not memory.chunked_loss and config.model.task is Task.CAUSAL_LM and not config.model.factory:
         return {"memory.chunked_loss": True}
-    if optimizer.name is OptimizerName.ADAMW:
-        return {"optimizer.name": "adamw8bit"}
-    if optimizer.name is OptimizerName.GALORE and optimizer.galore.inner.value == "adamw":
-        return {"optimizer.galore.inner": "adamw8bit"}
+    cheaper_optimizer = spec_for(config).cheaper(config)
+    if cheaper_optimizer is not None:
+        return cheaper_optimizer
     if not memory.activation_offload:
         return {"memory.activation_offload": True}
     if (not memory.optimizer_offload and config.adapter.kind is AdapterKind.NONE

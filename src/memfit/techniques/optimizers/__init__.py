@@ -1,0 +1,14 @@
+"""Optimizers, one spec each (spec.py says what a spec holds; registry.py lists them):
+build.py builds the one a config names; plan/costs.py, config/validate.py and the OOM
+ladder (plan/strategies.py) read the same spec.
+
+Adding an optimizer: its update rule (memfit/optim/ or a library), one file here with its
+SPEC, one line in registry.py and its OptimizerName member in config/schema.py, its tests.
+"""
+
+from memfit.techniques.optimizers.build import build_optimizer, projects_in_backward
+from memfit.techniques.optimizers.registry import SPECS, spec_for
+from memfit.techniques.optimizers.spec import OptimizerSpec, Param, ParamCost
+
+__all__ = ["SPECS", "OptimizerSpec", "Param", "ParamCost", "build_optimizer",
+           "projects_in_backward", "spec_for"]

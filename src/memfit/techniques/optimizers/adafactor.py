@@ -1,0 +1,37 @@
+"""optimizer.name=adafactor: torch's Adafactor.
+
+No first moment, relative step size always on (lr is the maximum step), eps=(None, 1e-3)
+= eps1 from the dtype; see docs/optimizers.md. State: the factored second moment (row and
+column means) of >= 2-D tensors, a full one for vectors, and a 0-d ``step``. Scratch: two
+parameter-sized temporaries of one parameter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memfit.config.schema import Config
+from memfit.techniques.optimizers.spec import (
+    Factory,
+    OptimizerSpec,
+    Param,
+    ParamCost,
+    per_param,
+)
+
+
+def _factory(config: Config) -> Factory:
+    return lambda groups: torch.optim.Adafactor(groups, lr=config.optimizer.lr)
+
+
+def _cost(param: Param, config: Config) -> ParamCost:
+    numel, shape = param.numel, param.shape
+    rows_and_columns = (numel // shape[-1] + numel // shape[-2] if len(shape) >= 2 else numel)
+    return ParamCost(rows_and_columns * param.element_size + 4, 2 * param.nbytes, param.nbytes)
+
+
+SPEC = OptimizerSpec(
+    name="adafactor", summary="Adafactor (torch): factored second moment, no first moment",
+    factory=_factory, costs=per_param(_cost),
+    fsdp_refusal="its factored second moment updates whole rows and columns in place, which "
+                 "sharded DTensor parameters do not support")

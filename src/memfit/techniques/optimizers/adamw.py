@@ -1,0 +1,63 @@
+"""optimizer.name=adamw: torch's AdamW stepped in bounded batches (memfit.optim.BoundedAdamW),
+or, for precision=bf16-pure, memfit's AdamW (fp32 moments, stochastic rounding into the
+bf16 weights, row chunks).
+
+State: exp_avg + exp_avg_sq in the parameter's dtype and a 0-d fp32 ``step`` (torch), or
+fp32 moments (memfit). Scratch: sqrt(exp_avg_sq) of one batch of parameters (torch,
+bounded by BATCH_BYTES), or a few fp32 row chunks of one parameter (memfit).
+"""
+
+from __future__ import annotations
+
+from memfit.config.schema import Config, Precision
+from memfit.optim.bounded_adamw import step_scratch_bound
+from memfit.optim.inner import chunked_update_scratch_bytes
+from memfit.techniques.optimizers.spec import (
+    Factory,
+    OptimizerSpec,
+    Param,
+    ParamCost,
+    per_param,
+)
+
+
+def adam_options(config: Config) -> dict:
+    """lr, betas, eps: what every Adam-type optimizer of memfit takes from optimizer.*."""
+    optimizer = config.optimizer
+    return {"lr": optimizer.lr, "betas": optimizer.betas, "eps": optimizer.eps}
+
+
+def _factory(config: Config) -> Factory:
+    if config.precision is Precision.BF16_PURE:
+        from memfit.optim import AdamW
+
+        return lambda groups: AdamW(groups, **adam_options(config))
+    from memfit.optim.bounded_adamw import BoundedAdamW
+
+    return lambda groups: BoundedAdamW(groups, **adam_options(config))
+
+
+def _cost(param: Param, config: Config) -> ParamCost:
+    if config.precision is Precision.BF16_PURE:
+        return ParamCost(8 * param.numel, chunked_update_scratch_bytes(param.numel, "adamw"),
+                         param.nbytes)
+    return ParamCost(2 * param.nbytes + 4, param.nbytes, param.nbytes)
+
+
+def _step_scratch(params: list[Param], costs: list[ParamCost], config: Config) -> int:
+    if config.precision is Precision.BF16_PURE:
+        return max((cost.scratch for cost in costs), default=0)
+    # The parameter groups (decayed matrices, the rest) are stepped one after the other.
+    groups = ([p.nbytes for p in params if p.decayed], [p.nbytes for p in params if not p.decayed])
+    return step_scratch_bound(groups)
+
+
+SPEC = OptimizerSpec(
+    name="adamw",
+    summary="AdamW (torch; memfit's with stochastic rounding for bf16-pure)",
+    factory=_factory,
+    costs=per_param(_cost),
+    step_scratch=_step_scratch,
+    rounds_stochastically=True,
+    cheaper=lambda config: {"optimizer.name": "adamw8bit"},
+)

@@ -1,0 +1,57 @@
+"""optimizer.name=adamw8bit and paged_adamw8bit: bitsandbytes' 8-bit AdamW.
+
+State: two uint8 moments and one fp32 absmax per 256 values each; tensors under 4096
+values keep fp32 moments (REFERENCE.md). Scratch: the dequantized fp32 moments and the
+update of one parameter.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from memfit._utils.errors import ConfigError
+from memfit.config.schema import Config
+from memfit.techniques.optimizers.adamw import adam_options
+from memfit.techniques.optimizers.spec import (
+    Factory,
+    OptimizerSpec,
+    Param,
+    ParamCost,
+    per_param,
+)
+
+# bitsandbytes 8-bit optimizers keep fp32 state for tensors smaller than this.
+BNB_MIN_8BIT_SIZE = 4096
+QUANT_BLOCK = 256  # values per absmax scale
+
+_FSDP_REFUSAL = (
+    "bitsandbytes' 8-bit kernels take plain tensors, not FSDP2's sharded DTensors, and "
+    "its state could not be resharded to another number of processes")
+
+
+def _factory(paged: bool):
+    def make(config: Config) -> Factory:
+        if paged and not torch.cuda.is_available():
+            raise ConfigError("optimizer.name=paged_adamw8bit needs CUDA (it pages GPU "
+                              "memory to the host); use adamw8bit on this machine")
+        import bitsandbytes as bnb
+
+        cls = bnb.optim.PagedAdamW8bit if paged else bnb.optim.AdamW8bit
+        return lambda groups: cls(groups, **adam_options(config))
+
+    return make
+
+
+def _cost(param: Param, config: Config) -> ParamCost:
+    numel = param.numel
+    small = numel < BNB_MIN_8BIT_SIZE
+    state = 8 * numel if small else 2 * numel + 2 * 4 * -(-numel // QUANT_BLOCK)
+    return ParamCost(state, 3 * 4 * numel, param.nbytes)
+
+
+SPEC = OptimizerSpec(
+    name="adamw8bit", summary="8-bit AdamW (bitsandbytes)", factory=_factory(paged=False),
+    costs=per_param(_cost), fsdp_refusal=_FSDP_REFUSAL)
+PAGED_SPEC = OptimizerSpec(
+    name="paged_adamw8bit", summary="8-bit AdamW with state paged to the host (bitsandbytes, CUDA)",
+    factory=_factory(paged=True), costs=per_param(_cost), fsdp_refusal=_FSDP_REFUSAL)

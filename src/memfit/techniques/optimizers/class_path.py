@@ -1,0 +1,78 @@
+"""optimizer.name="package.module:Class" (or "path/to/file.py:Class"): any
+torch.optim.Optimizer the user brings, built as ``Class(groups, lr=optimizer.lr,
+**optimizer.kwargs)`` over memfit's parameter groups (weight decay per group).
+
+memfit knows nothing of its state, so the planner learns it: one parameter of each distinct
+shape and dtype is built on fake tensors (torch's FakeTensorMode: shapes, no memory), given
+a gradient, stepped once, and the tensors left in its state are counted. An optimizer whose
+step needs real values (e.g. reads a number with .item()) cannot be planned: the planner
+says so. Its step scratch is taken as one parameter-sized temporary (unmeasured).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.optim import Optimizer
+
+from memfit._utils.errors import ConfigError, first_line
+from memfit.config.schema import Config
+from memfit.models.load import import_object
+from memfit.techniques.optimizers.spec import Factory, OptimizerSpec, Param, ParamCost
+
+_DTYPES = {8: torch.float64, 4: torch.float32, 2: torch.bfloat16}
+
+
+def optimizer_class(config: Config) -> type[Optimizer]:
+    """The class optimizer.name names, or a ConfigError saying why it cannot be one."""
+    reference = config.optimizer.name
+    found = import_object(reference, "optimizer.name")
+    if not (isinstance(found, type) and issubclass(found, Optimizer)):
+        raise ConfigError(f"optimizer.name={reference!r} is not a torch.optim.Optimizer "
+                          f"subclass (it is {type(found).__name__})")
+    return found
+
+
+def _factory(config: Config) -> Factory:
+    cls = optimizer_class(config)
+    options = {"lr": config.optimizer.lr, **config.optimizer.kwargs}
+
+    def make(groups: list[dict]) -> Optimizer:
+        try:
+            return cls(groups, **options)
+        except (TypeError, ValueError) as error:
+            raise ConfigError(f"optimizer.name={config.optimizer.name!r} refused "
+                              f"optimizer.kwargs={dict(config.optimizer.kwargs)}: "
+                              f"{first_line(error)}") from None
+
+    return make
+
+
+def _costs(params: list[Param], config: Config) -> list[ParamCost]:
+    make = _factory(config)
+    distinct = list(dict.fromkeys((p.shape, p.element_size) for p in params))
+    state: dict[tuple, int] = {}
+    try:
+        with FakeTensorMode():
+            for shape, element_size in distinct:
+                weight = nn.Parameter(torch.empty(shape, dtype=_DTYPES[element_size]))
+                weight.grad = torch.empty_like(weight)
+                optimizer = make([{"params": [weight]}])
+                optimizer.step()
+                state[shape, element_size] = sum(
+                    value.numel() * value.element_size()
+                    for value in optimizer.state[weight].values() if isinstance(value, torch.Tensor))
+    except ConfigError:
+        raise
+    except Exception as error:  # noqa: BLE001 - the user's optimizer failed; say which
+        raise ConfigError(f"cannot plan optimizer.name={config.optimizer.name!r}: one step on "
+                          f"fake tensors failed ({first_line(error)}); train it without "
+                          "memfit plan / memory.auto") from None
+    return [ParamCost(state[p.shape, p.element_size], p.nbytes, p.nbytes) for p in params]
+
+
+def spec(config: Config) -> OptimizerSpec:
+    return OptimizerSpec(name=config.optimizer.name,
+                         summary="a torch.optim.Optimizer named by its class path",
+                         factory=_factory, costs=_costs)

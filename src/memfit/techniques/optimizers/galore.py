@@ -1,0 +1,100 @@
+"""optimizer.name=galore: memfit's GaLore family (memfit.optim.GaLore), projecting the
+weights of ``groups.galore_targets`` (optimizer.galore.modules narrows them).
+
+State per parameter: GaLore.state_bytes, the optimizer's own account (P, the inner rule's
+moments on R, the online projector's moments of P; a seed for random and apollo_mini).
+Scratch of one parameter's step, the largest of (s x l gradient viewed as g, s <= l; R and
+the inner direction r x l; k = r + 8 sketch columns):
+  refresh   svd: U (s x s) and V^T (s x l); randomized_svd: the sketches (l x k, s x k)
+            and the small SVD (k x l); online: three s x l products of the PCA gradient;
+            random/apollo_mini: the s x r Gaussian P
+  update    P^T g, the direction and the projected-back update in row chunks (3 x r x l
+            and chunks); random/apollo_mini: the raw gradient scaled and limited (2 x s x l)
+plus an fp32 copy of a bf16 g. Unprojected parameters: chunks of the inner rule.
+Layer-wise accumulation buffers: LayerwiseOptimizer.buffer_bytes.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from memfit.config.schema import Config, GaloreInner, GaloreProjector
+from memfit.optim.galore import RAW_GRADIENT_PROJECTORS, GaLore
+from memfit.optim.inner import chunked_update_scratch_bytes
+from memfit.optim.layerwise import LayerwiseOptimizer
+from memfit.techniques.optimizers.adamw import adam_options
+from memfit.techniques.optimizers.groups import galore_targets
+from memfit.techniques.optimizers.spec import (
+    Factory,
+    OptimizerSpec,
+    Param,
+    ParamCost,
+    per_param,
+)
+
+_SKETCH_OVERSAMPLE = 8  # memfit.optim.projectors.randomized_svd_basis
+
+
+def group_settings(config: Config, projected: bool) -> dict:
+    """The GaLore parameter-group options a parameter gets (what ``projection`` reads)."""
+    galore = config.optimizer.galore
+    return {"rank": galore.rank, "projector": galore.projector.value,
+            "inner": galore.inner.value, "project": projected}
+
+
+def _factory(config: Config) -> Factory:
+    galore = config.optimizer.galore
+    return lambda groups: GaLore(
+        groups, **adam_options(config), rank=galore.rank, update_gap=galore.update_gap,
+        scale=galore.scale, projector=galore.projector.value, inner=galore.inner.value,
+        subspace_change=galore.subspace_change.value)
+
+
+def _refresh_scratch(projector: str, small: int, rank: int, large: int) -> int:
+    if projector == GaloreProjector.SVD.value:
+        return 4 * (small * small + small + small * large)
+    if projector == GaloreProjector.RANDOMIZED_SVD.value:
+        sketch = min(rank + _SKETCH_OVERSAMPLE, small)
+        return 4 * sketch * (2 * large + 2 * small + large)
+    if projector == GaloreProjector.ONLINE.value:  # its first refresh is an SVD
+        return max(3 * 4 * small * large, 4 * (small * small + small + small * large))
+    return 4 * small * rank
+
+
+def _cost(param: Param, config: Config) -> ParamCost:
+    group = group_settings(config, param.projected)
+    inner = config.optimizer.galore.inner.value
+    chunks = chunked_update_scratch_bytes(param.numel, inner)
+    buffer = LayerwiseOptimizer.buffer_bytes(
+        param.nbytes, GaLore.accumulation_shape_of(param.shape, group),
+        config.optimizer.galore.layerwise_refresh.value)
+    state = GaLore.state_bytes(param.shape, group)
+    sides = GaLore.projection(param.shape, group)
+    if sides is None:
+        return ParamCost(state, chunks, buffer)
+    small, rank, large = sides
+    widened = 4 * small * large if param.element_size < 4 else 0
+    update = 4 * 3 * rank * large + chunks
+    if group["projector"] in RAW_GRADIENT_PROJECTORS:
+        update += 2 * 4 * small * large
+    refresh = _refresh_scratch(group["projector"], small, rank, large)
+    return ParamCost(state, widened + max(refresh, update), buffer)
+
+
+def _targets(model: nn.Module, config: Config) -> set[int]:
+    return galore_targets(model, config.optimizer.galore.modules)
+
+
+def _cheaper(config: Config) -> dict | None:
+    if config.optimizer.galore.inner is GaloreInner.ADAMW:
+        return {"optimizer.galore.inner": "adamw8bit"}
+    return None
+
+
+SPEC = OptimizerSpec(
+    name="galore",
+    summary="GaLore family (memfit): svd, randomized_svd, online, random (APOLLO), apollo_mini",
+    factory=_factory, costs=per_param(_cost), targets=_targets, rounds_stochastically=True,
+    fsdp_refusal="its projector is an SVD of each whole weight matrix, which FSDP2 splits "
+                 "across processes",
+    cheaper=_cheaper)

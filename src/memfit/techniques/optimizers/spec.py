@@ -1,0 +1,90 @@
+"""What memfit knows about one optimizer, in one place: ``OptimizerSpec``.
+
+Training builds the optimizer from it (build.py), the planner costs its state and step
+scratch from it (plan/costs.py), config validation asks it what it cannot combine with
+(config/validate.py), and the OOM ladder asks it for a cheaper setting
+(plan/strategies.py). One file per optimizer in this package holds its spec; registry.py
+lists them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from torch import nn
+from torch.optim import Optimizer
+
+from memfit.config.schema import Config
+
+# A function building the optimizer over parameter groups (build.parameter_groups).
+Factory = Callable[[list[dict]], Optimizer]
+
+
+@dataclass(frozen=True)
+class Param:
+    """One trainable parameter as the optimizer sees it (what the planner keeps of it)."""
+
+    shape: tuple[int, ...]
+    element_size: int
+    decayed: bool  # in a weight-decay group (matrices of linear/conv layers)
+    projected: bool  # one of the weights the optimizer treats specially (GaLore's targets)
+
+    @property
+    def numel(self) -> int:
+        count = 1
+        for size in self.shape:
+            count *= size
+        return count
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.element_size
+
+
+@dataclass(frozen=True)
+class ParamCost:
+    state: int  # persistent optimizer state
+    scratch: int  # extra bytes alive at the worst moment of this parameter's update
+    accumulation: int  # its buffer when layer-wise updates accumulate micro-batches
+
+
+def no_targets(model: nn.Module, config: Config) -> set[int] | None:
+    return None
+
+
+def never_cheaper(config: Config) -> dict | None:
+    return None
+
+
+def largest_scratch(params: list[Param], costs: list[ParamCost], config: Config) -> int:
+    """The step updates one parameter at a time: the largest one's scratch."""
+    return max((cost.scratch for cost in costs), default=0)
+
+
+@dataclass(frozen=True)
+class OptimizerSpec:
+    name: str  # optimizer.name
+    summary: str  # one line for docs/optimizers.md and errors
+    # optimizer.* (and precision) -> a factory over parameter groups; raises ConfigError
+    # where this machine cannot run it.
+    factory: Callable[[Config], Factory]
+    # Bytes per trainable parameter, in the order given.
+    costs: Callable[[list[Param], Config], list[ParamCost]]
+    # Extra bytes alive at the worst moment of optimizer.step() over all parameters.
+    step_scratch: Callable[[list[Param], list[ParamCost], Config], int] = largest_scratch
+    # ids of the weights it treats specially (GaLore: the ones it projects), None when it
+    # treats none specially; training and the planner both call it.
+    targets: Callable[[nn.Module, Config], set[int] | None] = no_targets
+    # Updates bf16 weights with stochastic rounding, so precision=bf16-pure may use it.
+    rounds_stochastically: bool = False
+    # Why distributed.strategy=fsdp cannot shard it (None: it can).
+    fsdp_refusal: str | None = None
+    # The OOM ladder's rung: overrides making it cheaper, or None.
+    cheaper: Callable[[Config], dict | None] = never_cheaper
+
+
+def per_param(cost: Callable[[Param, Config], ParamCost]
+              ) -> Callable[[list[Param], Config], list[ParamCost]]:
+    """A spec's ``costs`` from a function of one parameter."""
+    return lambda params, config: [cost(param, config) for param in params]
