@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from memfit._utils.atomic import write_text
 from memfit.bench.cases import BY_NAME
+from memfit.bench.process import write_result
 from memfit.config import from_mapping
 
 
@@ -35,7 +35,7 @@ def run_case(name: str, mapping: dict[str, Any]) -> list[dict[str, Any]]:
                 if "loss" in record]
     from transformers import AutoTokenizer
 
-    from memfit.bench.peers import PEERS, batches_like_memfit
+    from memfit.bench.peers import batches_like_memfit, run_peer
     from memfit.training.build import seed_everything
 
     config = from_mapping(mapping)
@@ -45,7 +45,7 @@ def run_case(name: str, mapping: dict[str, Any]) -> list[dict[str, Any]]:
     batches = list(islice(batches_like_memfit(config, tokenizer), config.train.max_steps))
     seed_everything(config.train.seed)  # as memfit.train does before building (LoRA init)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return PEERS[case.peer](folder, config, batches, device)
+    return run_peer(case.peer, folder, config, batches, device)
 
 
 def main(argv: list[str]) -> int:
@@ -55,7 +55,7 @@ def main(argv: list[str]) -> int:
     spec_path, result_path = (Path(argument) for argument in argv)
     spec = json.loads(spec_path.read_text())
     records = run_case(spec["case"], spec["config"])
-    write_text(result_path, json.dumps({"records": records}))
+    write_result(result_path, {"records": records})
     return 0
 
 

@@ -10,15 +10,13 @@ so that every case — memfit's and the peers' — loads exactly the same weight
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from memfit._utils.atomic import staged_folder
 from memfit._utils.errors import ConfigError
+from memfit.bench.random_llama import LlamaShape, llama_config, save_random_model
 from memfit.demo import demo_assets_dir
 
 
@@ -43,6 +41,11 @@ MODELS: dict[str, BenchModel] = {
 }
 
 
+# TinyLlama-1.1B's shape.
+LLAMA_1B = LlamaShape(hidden=2048, layers=22, heads=32, intermediate=5632, vocab=32000,
+                      kv_heads=4, max_positions=2048, pad_token_id=0)
+
+
 def bench_model(name: str, device: torch.device) -> BenchModel:
     if name not in MODELS:
         raise ConfigError(f"--model {name!r} is not one of: {', '.join(MODELS)}")
@@ -51,25 +54,6 @@ def bench_model(name: str, device: torch.device) -> BenchModel:
         raise ConfigError(f"--model {name} needs a CUDA GPU (torch.cuda.is_available() is "
                           f"False here); on CPU use --model demo-base or tiny-llama")
     return model
-
-
-def _llama_1b():
-    from transformers import LlamaConfig
-
-    return LlamaConfig(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
-                       num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
-                       max_position_embeddings=2048, tie_word_embeddings=False,
-                       pad_token_id=0, bos_token_id=1, eos_token_id=2)
-
-
-def _random_init(build_config: Callable[[], Any], tokenizer: Any, folder: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(build_config())
-    with staged_folder(folder) as staging:  # an interrupted write leaves no half folder
-        model.save_pretrained(staging, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
 
 
 def materialize(name: str, out: Path) -> tuple[Path, Path]:
@@ -86,9 +70,10 @@ def materialize(name: str, out: Path) -> tuple[Path, Path]:
         from memfit.models.presets import tiny_llama
         from memfit.models.tokenizers import byte_level_tokenizer
 
-        _random_init(tiny_llama, byte_level_tokenizer(), folder)
+        save_random_model(folder, tiny_llama(), byte_level_tokenizer())
     else:  # llama-1b: the demo's BPE tokenizer (its ids fit the larger vocabulary)
         from transformers import AutoTokenizer
 
-        _random_init(_llama_1b, AutoTokenizer.from_pretrained(assets / "base"), folder)
+        save_random_model(folder, llama_config(LLAMA_1B),
+                          AutoTokenizer.from_pretrained(assets / "base"))
     return folder, data

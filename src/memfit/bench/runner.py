@@ -18,8 +18,6 @@ import json
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from memfit._utils.errors import ConfigError, MemfitError
 from memfit.bench import plots
 from memfit.bench.cases import BASELINE, Case, select
 from memfit.bench.models import BenchModel, bench_model, materialize
+from memfit.bench.process import CaseFailed, run_in_own_process
 from memfit.bench.table import Row, markdown_table, pairs_table, summarize
 from memfit.config import from_mapping, to_mapping
 from memfit.monitor.memory import RECORD_PEAK_KEY
@@ -114,28 +113,18 @@ def _plan_bytes(mapping: dict[str, Any], device: torch.device) -> int | None:
         return None
 
 
-def _spawn(case: Case, mapping: dict[str, Any], out: Path) -> str | None:
-    """Run one case in a child process; None on success, else the reason."""
+def _spawn(case: Case, mapping: dict[str, Any], out: Path) -> list[dict[str, Any]]:
+    """Run one case in a child process and return its records. Raises CaseFailed."""
     name = slug(case.name)
-    spec, result, log = (out / "specs" / f"{name}.json", out / "results" / f"{name}.json",
-                         out / "logs" / f"{name}.log")
+    spec, result = out / "specs" / f"{name}.json", out / "results" / f"{name}.json"
     write_text(spec, json.dumps({"case": case.name, "config": mapping}, indent=2))
-    result.unlink(missing_ok=True)
-    log.parent.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
     if not torch.cuda.is_available():
         # One thread per case: on a shared or small CPU, intra-op threads waiting on each
         # other make step times swing several-fold; one thread keeps the ratios steady.
         env["OMP_NUM_THREADS"] = "1"
-    with log.open("w") as stream:
-        done = subprocess.run([sys.executable, "-m", "memfit.bench.case", str(spec),
-                               str(result)], stdout=stream, stderr=subprocess.STDOUT, env=env,
-                              check=False)
-    if done.returncode == 0 and result.is_file():
-        return None
-    lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-    last = lines[-1][:160] if lines else f"exit status {done.returncode}"
-    return f"failed: {last} (see logs/{name}.log)"
+    return run_in_own_process(["-m", "memfit.bench.case", str(spec), str(result)], result,
+                              log=out / "logs" / f"{name}.log", env=env)["records"]
 
 
 def run_bench(suite: str = "all", model: str = "demo-base", out: Path | str = "bench-results",
@@ -170,9 +159,11 @@ def run_bench(suite: str = "all", model: str = "demo-base", out: Path | str = "b
         # A previous bench's run of this case: memfit.train refuses to overwrite a run.
         shutil.rmtree(run_dir, ignore_errors=True)
         case_started = time.perf_counter()
-        note = _spawn(case, mapping, out)
-        records = [] if note else json.loads(
-            (out / "results" / f"{slug(case.name)}.json").read_text())["records"]
+        try:
+            records, note = _spawn(case, mapping, out), None
+        except CaseFailed as failure:
+            records = []
+            note = f"failed: {failure.last_line[:160]} (see logs/{slug(case.name)}.log)"
         outcomes.append(CaseOutcome(case, records, _plan_bytes(mapping, device), note))
         on_progress(f"[{index}/{len(chosen)}] {case.name}: "
                     f"{note or 'done'} ({time.perf_counter() - case_started:.0f} s)")
