@@ -43,15 +43,15 @@ from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from memfit._utils.errors import ConfigError
-from memfit.monitor.tensor_tracker import (
+from memfit.accounting import (
     CATEGORIES,
-    TensorTracker,
     grad_tensors,
     optimizer_params,
     optimizer_state_tensors,
     storages_of,
     weight_tensors,
 )
+from memfit.monitor.tensor_tracker import TensorTracker
 
 __all__ = [
     "CATEGORIES",
@@ -235,14 +235,16 @@ class CudaMemoryMeter(MemoryMeter):
         self._most_grads_and_state = (0, 0)
 
     def _split_now(self) -> tuple[int, int, int]:
-        seen: set[int] = set()  # shared so a storage counts in its first category only
+        # In CATEGORIES' priority order, with ``seen`` shared: a storage counts in the
+        # first category it belongs to, as the CPU tracker counts it.
+        seen: set[int] = set()
         weights = sum(_device_bytes(weight_tensors(m), self.device, seen) for m in self._models)
-        state = sum(
-            _device_bytes(optimizer_state_tensors(o), self.device, seen) for o in self._optimizers
-        )
         params = [p for m in self._models for p in m.parameters()]
         params += [p for o in self._optimizers for p in optimizer_params(o)]
         grads = _device_bytes(grad_tensors(params), self.device, seen)
+        state = sum(
+            _device_bytes(optimizer_state_tensors(o), self.device, seen) for o in self._optimizers
+        )
         return weights, grads, state
 
     def _after_optimizer_step(self, *_: object) -> None:

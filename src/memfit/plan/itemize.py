@@ -44,7 +44,6 @@ from memfit.plan.workload import ExampleBatch, workload
 from memfit.techniques.quantize_stand_in import quantized_path
 
 EXACT_DEPTH = 4
-CATEGORIES: tuple[str, ...] = ("weights", "grads", "optimizer", "activations", "temporaries")
 AUTOCAST = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
 

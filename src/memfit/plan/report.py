@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from memfit._utils.sizes import format_bytes
+from memfit.accounting import CATEGORIES
 from memfit.config.schema import TOKEN_FORMATS, Config, DataFormat
-from memfit.plan.itemize import CATEGORIES, Estimate
+from memfit.plan.itemize import Estimate
 from memfit.plan.planner import Plan
 
 _COLUMNS = (*CATEGORIES, "peak", "+overhead", "host")

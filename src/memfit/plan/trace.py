@@ -5,10 +5,9 @@ the forward and backward below execute every real op — autocast casts, checkpo
 recomputation, the attention kernel CPU and CUDA would pick (flash-style: output +
 logsumexp, no seq x seq matrix) — while allocating nothing. ``LiveBytes``, a
 ``TorchDispatchMode`` stacked on top of the fake mode, counts the live storages exactly as
-``monitor.tensor_tracker.TensorTracker`` counts real ones, with the same categories and
-the same rule for what an activation is (saved for backward, or allocated with grad
-enabled under another saved-tensors hook: checkpoint, offload), so plan and measurement
-speak one vocabulary.
+``monitor.tensor_tracker.TensorTracker`` counts real ones, with ``memfit.accounting``'s
+categories and rules (what a weight, a grad, an activation is; which role wins), so plan
+and measurement speak one vocabulary. Nothing here is optimizer state: ``optimizer`` stays 0.
 
 Activation offload is emulated, not run (``save_on_cpu`` would allocate real host
 memory): every tensor saved for backward moves to ``host`` bytes and comes back as a new
@@ -32,8 +31,15 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-CATEGORIES: tuple[str, ...] = ("weights", "grads", "activations", "temporaries")
-WEIGHTS, GRADS, ACTIVATIONS, TEMPORARIES = range(len(CATEGORIES))
+from memfit.accounting import (
+    CATEGORIES,
+    GRADS,
+    SAVED_FOR_BACKWARD,
+    WEIGHTS,
+    LiveStorages,
+    fresh_category,
+    weight_tensors,
+)
 
 _SELECTIONS = {torch.ops.aten.nonzero.default, torch.ops.aten.index.Tensor,
                torch.ops.aten.masked_select.default}
@@ -53,10 +59,6 @@ class TraceResult:
     host_peak_bytes: int  # activations held in host memory by offload
 
 
-class _Storage(weakref.ref):
-    __slots__ = ("key", "nbytes", "category", "born")
-
-
 class LiveBytes(TorchDispatchMode):
     """Counts live (fake) storages by category; see the module docstring.
 
@@ -73,8 +75,7 @@ class LiveBytes(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self._records: dict[int, _Storage] = {}
-        self._bytes = [0] * len(CATEGORIES)
+        self._live = LiveStorages()  # CountedStorage.born: the moment it was counted
         self._timeline = array("q")  # len(CATEGORIES) values per moment
         self._promotions: list[tuple[int, int, int, int, int]] = []  # first, last, from, to, bytes
         self.host_bytes = 0
@@ -115,47 +116,31 @@ class LiveBytes(TorchDispatchMode):
     def add(self, tensor: torch.Tensor, category: int) -> None:
         """Count ``tensor``'s storage (if new) or move it to a higher-priority category."""
         storage = tensor.untyped_storage()
-        record = self._records.get(id(storage))
+        live = self._live
+        record = live.records.get(id(storage))
         if record is None:
-            if not storage.nbytes():
-                return
-            record = _Storage(storage, self._free)
-            record.key, record.nbytes, record.category = id(storage), storage.nbytes(), category
-            self._records[id(storage)] = record
-            self._bytes[category] += record.nbytes
-            record.born = self._moment()
-        elif category < record.category:
+            if storage.nbytes():
+                live.count(storage, storage.nbytes(), category, born=self._now() + 1)
+                self._moment()  # the moment it was born at
+            return
+        old = record.category
+        if live.promote(record, category):
             # In the role now known at every moment it was alive (it still is).
-            now = len(self._timeline) // len(CATEGORIES) - 1
-            self._promotions.append((record.born, now, record.category, category,
-                                     record.nbytes))
-            self._bytes[record.category] -= record.nbytes
-            self._bytes[category] += record.nbytes
-            record.category = category
+            self._promotions.append((record.born, self._now(), old, category, record.nbytes))
             self._moment()  # the split changed (e.g. out of grads): a moment of its own
 
-    def _free(self, record: _Storage) -> None:
-        if self._records.get(record.key) is record:
-            del self._records[record.key]
-            self._bytes[record.category] -= record.nbytes
-
-    def _moment(self) -> int:
-        """Record the bytes now (peaks happen when something is added); its index."""
-        self._timeline.extend(self._bytes)
+    def _now(self) -> int:
+        """The index of the last moment recorded."""
         return len(self._timeline) // len(CATEGORIES) - 1
+
+    def _moment(self) -> None:
+        """Record the bytes now (peaks happen when something is added)."""
+        self._timeline.extend(self._live.bytes)
 
     # ---- hooks ------------------------------------------------------------------------
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        self.add(tensor, ACTIVATIONS)
+        self.add(tensor, SAVED_FOR_BACKWARD)
         return tensor
-
-    def _fresh_category(self) -> int:
-        if not torch.is_grad_enabled():
-            return TEMPORARIES
-        top = torch._C._autograd._top_saved_tensors_default_hooks(False)
-        if top is not None and top[0] is not self.pack_hook:
-            return ACTIVATIONS  # inside checkpoint (or its recomputation)
-        return TEMPORARIES
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
         kwargs = kwargs or {}
@@ -163,10 +148,10 @@ class LiveBytes(TorchDispatchMode):
             out = _keep_everything(func, args)
         else:
             out = func(*args, **kwargs)
-        category = self._fresh_category()
+        category = fresh_category(self.pack_hook)
         for tensor in out if isinstance(out, (tuple, list)) else (out,):
             if (isinstance(tensor, torch.Tensor)
-                    and id(tensor.untyped_storage()) not in self._records):
+                    and id(tensor.untyped_storage()) not in self._live.records):
                 self.add(tensor, category)
         return out
 
@@ -250,7 +235,7 @@ def trace_micro_batch(
     mode = _fake_mode()
     to_fake(model, mode)
     live = LiveBytes()
-    for tensor in [*model.parameters(), *model.buffers()]:
+    for tensor in weight_tensors(model):
         live.add(tensor, WEIGHTS)
     handles = [p.register_post_accumulate_grad_hook(lambda p: live.add(p.grad, GRADS))
                for p in model.parameters() if p.requires_grad]
