@@ -16,19 +16,8 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.checkpoint import checkpoint
 
-from memfit.accounting import (
-    ACTIVATIONS,
-    CATEGORIES,
-    GRADS,
-    OPTIMIZER,
-    SAVED_FOR_BACKWARD,
-    TEMPORARIES,
-    WEIGHTS,
-    LiveStorages,
-    fresh_category,
-    optimizer_state_tensors,
-    weight_tensors,
-)
+from memfit import accounting
+from memfit.accounting import LiveStorages
 from memfit.monitor.tensor_tracker import TensorTracker
 from memfit.plan.trace import trace_micro_batch
 
@@ -36,33 +25,34 @@ FP32 = 4
 
 
 def test_categories_are_the_project_vocabulary_in_priority_order():
-    assert CATEGORIES == ("weights", "grads", "optimizer", "activations", "temporaries")
-    assert (WEIGHTS, GRADS, OPTIMIZER, ACTIVATIONS, TEMPORARIES) == tuple(range(5))
-    assert SAVED_FOR_BACKWARD == ACTIVATIONS
+    assert accounting.CATEGORIES == ("weights", "grads", "optimizer", "activations", "temporaries")
+    assert [accounting.WEIGHTS, accounting.GRADS, accounting.OPTIMIZER,
+            accounting.ACTIVATIONS, accounting.TEMPORARIES] == list(range(5))
+    assert accounting.SAVED_FOR_BACKWARD == accounting.ACTIVATIONS
 
 
 def test_a_storage_moves_up_to_its_strongest_role_and_never_down():
     live = LiveStorages()
     weight = torch.zeros(10)
-    record = live.count(weight.untyped_storage(), 10 * FP32, TEMPORARIES, born=0)
+    record = live.count(weight.untyped_storage(), 10 * FP32, accounting.TEMPORARIES, born=0)
     # A weight saved for backward is a weight; it is not demoted by a weaker role after.
-    assert live.promote(record, SAVED_FOR_BACKWARD)
-    assert live.promote(record, WEIGHTS)
-    assert not live.promote(record, GRADS)
-    assert not live.promote(record, ACTIVATIONS)
+    assert live.promote(record, accounting.SAVED_FOR_BACKWARD)
+    assert live.promote(record, accounting.WEIGHTS)
+    assert not live.promote(record, accounting.GRADS)
+    assert not live.promote(record, accounting.ACTIVATIONS)
     assert live.bytes == [10 * FP32, 0, 0, 0, 0] and live.total == 10 * FP32
 
 
 def test_a_storage_is_subtracted_when_it_dies():
     live = LiveStorages()
     tensor = torch.zeros(10)
-    live.count(tensor.untyped_storage(), 10 * FP32, ACTIVATIONS, born=0)
+    live.count(tensor.untyped_storage(), 10 * FP32, accounting.ACTIVATIONS, born=0)
     view = tensor[2:]
     del tensor
     assert live.total == 10 * FP32  # the view keeps the storage alive
     del view
     gc.collect()
-    assert live.total == 0 and live.bytes == [0] * len(CATEGORIES) and not live.records
+    assert live.total == 0 and live.bytes == [0] * len(accounting.CATEGORIES) and not live.records
 
 
 def test_fresh_storages_are_activations_only_under_another_saved_tensors_hook():
@@ -72,24 +62,25 @@ def test_fresh_storages_are_activations_only_under_another_saved_tensors_hook():
     def other(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
 
-    assert fresh_category(own) == TEMPORARIES
+    assert accounting.fresh_category(own) == accounting.TEMPORARIES
     with torch.autograd.graph.saved_tensors_hooks(own, own):
-        assert fresh_category(own) == TEMPORARIES  # our hook sees what is saved
+        # our hook sees what is saved
+        assert accounting.fresh_category(own) == accounting.TEMPORARIES
         with torch.autograd.graph.saved_tensors_hooks(other, other):
             # checkpoint / offload: what is saved is hidden from us
-            assert fresh_category(own) == ACTIVATIONS
+            assert accounting.fresh_category(own) == accounting.ACTIVATIONS
             with torch.no_grad():
-                assert fresh_category(own) == TEMPORARIES
+                assert accounting.fresh_category(own) == accounting.TEMPORARIES
 
 
 def test_weights_include_buffers_and_optimizer_state_excludes_parameters():
     model = nn.BatchNorm1d(4)
-    assert {id(t) for t in weight_tensors(model)} == {
+    assert {id(t) for t in accounting.weight_tensors(model)} == {
         id(t) for t in [*model.parameters(), *model.buffers()]}
     optimizer = torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.1))
     model(torch.randn(3, 4)).sum().backward()
     optimizer.step()
-    state = list(optimizer_state_tensors(optimizer))
+    state = list(accounting.optimizer_state_tensors(optimizer))
     assert not {id(t) for t in state} & {id(p) for p in model.parameters()}
     # step, exp_avg, exp_avg_sq per parameter, and the tensor learning rate
     assert len(state) == 3 * 2 + 1
