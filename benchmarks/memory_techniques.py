@@ -20,107 +20,67 @@ import tempfile
 from pathlib import Path
 
 import torch
-from _common import (
-    LLAMA_69M,
-    MIB,
-    CaseFailed,
-    add_case_arguments,
-    build_memfit_model,
-    print_table,
-    report,
-    run_in_subprocess,
-    save_random_llama,
-    token_batch,
-)
 
+from memfit.bench.cases import Case
+from memfit.bench.process import CaseFailed, add_case_arguments, run_script_case, write_result
+from memfit.bench.random_llama import LLAMA_69M, llama_config, save_random_model, token_batch
+from memfit.bench.script_case import case_config, memfit_training, peer_training
+from memfit.bench.table import text_table
+
+MIB = 2**20
 RANK, ALPHA, LR, SEQUENCE = 16, 32.0, 1e-4, 128
 CATEGORIES = ("weights", "grads", "optimizer", "activations", "temporaries")
 
-# name -> (who, settings). memfit settings are config overrides; peer settings are flags.
-CASES: dict[str, tuple[str, dict]] = {
-    "full AdamW fp32 (baseline)": ("memfit", {}),
-    "full AdamW + checkpointing": ("memfit", {"memory.gradient_checkpointing": True}),
-    "LoRA r16 all-linear": ("memfit", {"adapter.kind": "lora"}),
-    "LoRA + checkpointing": ("memfit", {"adapter.kind": "lora",
-                                        "memory.gradient_checkpointing": True}),
-    "LoRA + ckpt + chunked loss, bf16": ("memfit", {
-        "adapter.kind": "lora", "memory.gradient_checkpointing": True,
-        "memory.chunked_loss": True, "precision": "bf16"}),
-    "QLoRA nf4+dq, bf16": ("memfit", {"adapter.kind": "qlora", "precision": "bf16"}),
-    "QLoRA + ckpt + chunked + act. offload": ("memfit", {
-        "adapter.kind": "qlora", "precision": "bf16", "memory.gradient_checkpointing": True,
-        "memory.chunked_loss": True, "memory.activation_offload": True}),
-    "peer: PEFT LoRA": ("peer", {}),
-    "peer: PEFT LoRA + checkpointing": ("peer", {"checkpointing": True}),
-    "peer: PEFT LoRA + ckpt, bf16 autocast": ("peer", {"checkpointing": True, "bf16": True}),
-    "peer: PEFT QLoRA, bf16": ("peer", {"qlora": True, "bf16": True}),
-    "peer: PEFT QLoRA + ckpt, bf16": ("peer", {"qlora": True, "bf16": True,
-                                               "checkpointing": True}),
-}
+_LORA = {"adapter.kind": "lora"}
+_CKPT = {"memory.gradient_checkpointing": True}
+_QLORA = {"adapter.kind": "qlora", "precision": "bf16"}
+# The peers keep torch AdamW's default weight_decay, 0.01 (memfit's is 0).
+_PEFT = {"optimizer.weight_decay": 0.01}
+CASES = [
+    Case("full AdamW fp32 (baseline)", {}),
+    Case("full AdamW + checkpointing", _CKPT),
+    Case("LoRA r16 all-linear", _LORA),
+    Case("LoRA + checkpointing", {**_LORA, **_CKPT}),
+    Case("LoRA + ckpt + chunked loss, bf16", {**_LORA, **_CKPT, "memory.chunked_loss": True,
+                                              "precision": "bf16"}),
+    Case("QLoRA nf4+dq, bf16", _QLORA),
+    Case("QLoRA + ckpt + chunked + act. offload", {
+        **_QLORA, **_CKPT, "memory.chunked_loss": True, "memory.activation_offload": True}),
+    Case("peer: PEFT LoRA", {**_PEFT, **_LORA}, peer="peft"),
+    Case("peer: PEFT LoRA + checkpointing", {**_PEFT, **_LORA, **_CKPT}, peer="peft"),
+    Case("peer: PEFT LoRA + ckpt, bf16 autocast", {**_PEFT, **_LORA, **_CKPT, "precision": "bf16"},
+         peer="peft"),
+    Case("peer: PEFT QLoRA, bf16", {**_PEFT, **_QLORA}, peer="peft"),
+    Case("peer: PEFT QLoRA + ckpt, bf16", {**_PEFT, **_QLORA, **_CKPT}, peer="peft"),
+]
 BEST_LORA, PEER_LORA = "LoRA + ckpt + chunked loss, bf16", "peer: PEFT LoRA + ckpt, bf16 autocast"
 PEER_LORA_FP32 = "peer: PEFT LoRA + checkpointing"
 BEST_QLORA, PEER_QLORA = "QLoRA + ckpt + chunked + act. offload", "peer: PEFT QLoRA, bf16"
 
 
-def build_memfit(folder: Path, overrides: dict, device: torch.device):
-    """Model, optimizer, step function, autocast dtype, activation offload, via memfit."""
-    from memfit.techniques.optimizer_offload import HostOffloadOptimizer
-    from memfit.techniques.optimizers import build_optimizer
-    from memfit.training.objective import Objective
-
-    config, model = build_memfit_model(folder, {
-        "adapter.rank": RANK, "adapter.alpha": ALPHA, "optimizer.lr": LR,
-        "adapter.targets": "[all-linear]", **overrides})
-    model.to(device)
-    optimizer = build_optimizer(model, config)
-    if config.memory.optimizer_offload:
-        optimizer = HostOffloadOptimizer(optimizer)
-    objective = Objective(causal_lm=True, loss_chunk_tokens=config.memory.loss_chunk_tokens
-                          if config.memory.chunked_loss else None)
-
-    def loss(data):
-        return objective.loss_sum(model, data) / objective.count(data)
-
-    dtype = torch.bfloat16 if config.precision.value == "bf16" else None
-    return model, optimizer, loss, dtype, config.memory.activation_offload
-
-
-def build_peer(folder: Path, flags: dict, device: torch.device):
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-    from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-
-    torch.manual_seed(0)
-    checkpointing = flags.get("checkpointing", False)
-    kwargs = {"use_reentrant": False}
-    if flags.get("qlora"):
-        quantization = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
-                                          bnb_4bit_use_double_quant=True,
-                                          bnb_4bit_compute_dtype=torch.bfloat16)
-        model = AutoModelForCausalLM.from_pretrained(folder, quantization_config=quantization)
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=checkpointing,
-                                                gradient_checkpointing_kwargs=kwargs)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(folder)
-        if checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-    model = get_peft_model(model, LoraConfig(r=RANK, lora_alpha=ALPHA, lora_dropout=0.0,
-                                             target_modules="all-linear"))
-    model.to(device)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
-
-    def loss(data):
-        return model(**data).loss
-
-    return model, optimizer, loss, torch.bfloat16 if flags.get("bf16") else None, False
-
-
-def run_case(name: str, folder: Path, steps: int, device: torch.device) -> dict:
+def run_case(case: Case, folder: Path, steps: int, device: torch.device) -> dict:
     from memfit.monitor.memory import make_memory_meter
     from memfit.techniques.activation_offload import ActivationOffload
+    from memfit.training.objective import Objective
+    from memfit.training.precision import autocast
 
-    who, settings = CASES[name]
-    build = build_memfit if who == "memfit" else build_peer
-    model, optimizer, loss_fn, dtype, offload = build(folder, settings, device)
+    config = case_config(folder, {"adapter.rank": RANK, "adapter.alpha": ALPHA,
+                                  "optimizer.lr": LR, "adapter.targets": "[all-linear]",
+                                  **case.overrides})
+    if case.peer is None:
+        built = memfit_training(config, device)
+        objective = Objective(causal_lm=True, loss_chunk_tokens=config.memory.loss_chunk_tokens
+                              if config.memory.chunked_loss else None)
+
+        def loss_fn(data):
+            return objective.loss_sum(built.model, data) / objective.count(data)
+    else:
+        built = peer_training(case.peer, folder, config, device)
+
+        def loss_fn(data):
+            return built.model(**data).loss
+
+    model, optimizer = built.model, built.optimizer
     model.train()
     data = token_batch(LLAMA_69M.vocab, SEQUENCE, device)
     meter = make_memory_meter(device)
@@ -129,9 +89,8 @@ def run_case(name: str, folder: Path, steps: int, device: torch.device) -> dict:
     losses = []
     for _ in range(steps):
         with meter.step():
-            with torch.autocast(device.type, dtype=dtype or torch.float32,
-                                enabled=dtype is not None), \
-                    offloader.context(offload):
+            with autocast(config.precision, device), \
+                    offloader.context(config.memory.activation_offload):
                 loss = loss_fn(data)
             loss.backward()
             optimizer.step()
@@ -167,14 +126,16 @@ def kbit_preparation(folder: Path) -> dict:
 def child(arguments: argparse.Namespace) -> None:
     folder, device = Path(arguments.model), torch.device(arguments.device)
     result = (kbit_preparation(folder) if arguments.case == "kbit"
-              else run_case(arguments.case, folder, arguments.steps, device))
-    report(result)
+              else run_case(next(case for case in CASES if case.name == arguments.case), folder,
+                            arguments.steps, device))
+    write_result(arguments.result, result)
 
 
 def spawn(case: str, folder: Path, arguments: argparse.Namespace) -> dict:
     try:
-        return run_in_subprocess(__file__, ["--case", case, "--model", str(folder),
-                                   "--steps", str(arguments.steps), "--device", arguments.device])
+        return run_script_case(__file__, ["--case", case, "--model", str(folder), "--steps",
+                                          str(arguments.steps), "--device", arguments.device],
+                               folder.parent / "result.json")
     except CaseFailed as failure:
         raise SystemExit(f"case {case!r} failed:\n{failure}") from None
 
@@ -183,10 +144,10 @@ def print_results(results: dict[str, dict]) -> None:
     baseline = results["full AdamW fp32 (baseline)"]["peak"]
     columns = [("case", 40), *((c[:11], 12) for c in CATEGORIES), ("peak MiB", 10),
                ("x base", 8), ("trainable", 11), ("loss@end", 10)]
-    print_table(columns, [
+    print(text_table(columns, [
         [name, *(f"{row[c] / MIB:.1f}" for c in CATEGORIES), f"{row['peak'] / MIB:.1f}",
          f"{row['peak'] / baseline:.3f}", f"{row['trainable']:,}", f"{row['loss']:.4f}"]
-        for name, row in results.items()])
+        for name, row in results.items()]))
 
 
 def main() -> None:
@@ -199,11 +160,11 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary) / "llama-69m"
-        parameters = save_random_llama(folder)
+        parameters = save_random_model(folder, llama_config(LLAMA_69M))
         print(f"model: Llama 768x8, vocab 8000, {parameters / 1e6:.1f}M parameters; batch 1 x "
               f"{SEQUENCE}; {arguments.steps} steps; device {arguments.device}; "
               "bytes are peak live tensor storages (MiB)\n")
-        results = {name: spawn(name, folder, arguments) for name in CASES}
+        results = {case.name: spawn(case.name, folder, arguments) for case in CASES}
         kbit = spawn("kbit", folder, arguments)
     print_results(results)
     peak = {name: row["peak"] for name, row in results.items()}

@@ -38,29 +38,25 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from _common import (
+
+from memfit.bench.cases import Case
+from memfit.bench.process import CaseFailed, add_case_arguments, run_script_case, write_result
+from memfit.bench.random_llama import (
     LLAMA_69M,
-    MIB,
-    CaseFailed,
     LlamaShape,
-    add_case_arguments,
-    build_memfit_model,
-    print_table,
-    report,
-    run_in_subprocess,
-    save_random_llama,
+    llama_config,
+    save_random_model,
     token_batch,
 )
-from torch import nn
-
+from memfit.bench.script_case import case_config, memfit_training, peer_training
+from memfit.bench.table import text_table
 from memfit.config.schema import GaloreConfig
 
+MIB = 2**20
 SEQUENCE, LR, ADAFACTOR_LR = 128, 1e-4, 1e-2
 METERED_STEPS, TIMED_STEPS = 2, 10
 UPDATE_GAP = TIMED_STEPS
@@ -72,13 +68,6 @@ CATEGORIES = ("weights", "grads", "optimizer", "activations", "temporaries")
 PROJECTORS = ("svd", "randomized_svd", "online", "random")
 # memfit's optimizers that write bf16 weights back with stochastic rounding.
 BF16_PURE_OPTIMIZERS = ("adamw", "galore")
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    who: Literal["memfit", "peer"]
-    settings: tuple[tuple[str, str], ...]  # memfit: config overrides; peer: (("peer", id),)
 
 
 def _galore(projector: str, inner: str) -> tuple[str, dict[str, str]]:
@@ -118,7 +107,7 @@ def _memfit_case(optimizer: str, layerwise: bool, precision: str) -> Case:
         (", bf16-pure" if precision == "bf16-pure" else "")
     settings = {**OPTIMIZERS[optimizer], "precision": precision,
                 "optimizer.layerwise": str(layerwise).lower()}
-    return Case(name, "memfit", tuple(settings.items()))
+    return Case(name, settings)
 
 
 def _all_combinations() -> list[tuple[str, bool, str]]:
@@ -130,121 +119,51 @@ def _all_combinations() -> list[tuple[str, bool, str]]:
 
 PEER_ADAMW = "peer: torch AdamW"
 PEER_GALORE_PER_LAYER = "peer: galore-torch AdamW, per-layer"
-PEERS = {
-    PEER_ADAMW: "adamw",
-    "peer: bnb AdamW8bit": "adamw8bit",
-    "peer: torch Adafactor": "adafactor",
-    "peer: galore-torch AdamW": "galore",
-    PEER_GALORE_PER_LAYER: "galore-per-layer",
-    "peer: galore-torch AdamW8bit, per-layer": "galore8bit-per-layer",
-}
+# The peers keep their library's defaults where those differ from memfit's (weight_decay
+# 0, eps 1e-8): torch's AdamW, bitsandbytes' AdamW8bit and galore-torch's GaLoreAdamW8bit
+# decay by 0.01; galore-torch's GaLoreAdamW (transformers' old AdamW) has eps 1e-6.
+TORCH_DEFAULTS = {"optimizer.weight_decay": 0.01}
+GALORE_TORCH_DEFAULTS = {"optimizer.eps": 1e-6}
+PEER_CASES = [
+    Case(PEER_ADAMW, TORCH_DEFAULTS, peer="torch-adamw"),
+    Case("peer: bnb AdamW8bit", TORCH_DEFAULTS, peer="bnb-adamw8bit"),
+    Case("peer: torch Adafactor", {"optimizer.name": "adafactor"}, peer="torch-adafactor"),
+    Case("peer: galore-torch AdamW", GALORE_TORCH_DEFAULTS, peer="galore-torch"),
+    Case(PEER_GALORE_PER_LAYER, GALORE_TORCH_DEFAULTS, peer="galore-torch-layerwise"),
+    Case("peer: galore-torch AdamW8bit, per-layer", TORCH_DEFAULTS,
+         peer="galore-torch-8bit-layerwise"),
+]
 BASELINE_AGAIN = f"{PEER_ADAMW} (again, last)"
-PEER_CASES = [Case(name, "peer", (("peer", peer),)) for name, peer in PEERS.items()]
 DEFAULT_GALORE = "galore randomized_svd/adamw"  # memfit's default projector and inner
-
-
-@dataclass
-class Built:
-    model: nn.Module
-    optimizer: torch.optim.Optimizer | None  # None: per-layer peers (one per parameter)
-    after_backward: Callable[[], None]  # the step, or nothing when it ran in backward
 
 
 def galore_rank(shape: LlamaShape) -> int:
     return shape.hidden // 6
 
 
-def build_memfit(folder: Path, settings: dict[str, str], rank: int) -> Built:
-    from memfit.config.schema import Precision
-    from memfit.techniques.optimizers import build_optimizer
-
-    lr = ADAFACTOR_LR if settings["optimizer.name"] == "adafactor" else LR
-    config, model = build_memfit_model(folder, {
-        **settings, "optimizer.lr": lr, "train.max_grad_norm": "null",
-        "optimizer.galore.rank": rank, "optimizer.galore.update_gap": UPDATE_GAP,
-        "optimizer.galore.scale": SCALE})
-    if config.precision is Precision.BF16_PURE:
-        model.to(torch.bfloat16)  # as memfit.training.build does: no fp32 master copy
-    optimizer = build_optimizer(model, config)
-
-    def after_backward() -> None:
-        optimizer.step()  # layer-wise: only publishes grad_norm; updates ran in backward
-        optimizer.zero_grad(set_to_none=True)
-
-    return Built(model, optimizer, after_backward)
-
-
-def _galore_groups(model: nn.Module, rank: int) -> tuple[set[int], dict[str, Any]]:
-    """galore-torch README: project the Linear weights of modules named attn/mlp."""
-    projected = {id(module.weight) for name, module in model.named_modules()
-                 if isinstance(module, nn.Linear) and ("attn" in name or "mlp" in name)}
-    options = {"rank": rank, "update_proj_gap": UPDATE_GAP, "scale": SCALE, "proj_type": "std"}
-    return projected, options
-
-
-def build_peer(folder: Path, peer: str, rank: int) -> Built:
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    params = list(model.parameters())
-    if peer in ("adamw", "adamw8bit", "adafactor", "galore"):
-        if peer == "adamw":
-            optimizer = torch.optim.AdamW(params, lr=LR)
-        elif peer == "adamw8bit":
-            import bitsandbytes as bnb
-
-            optimizer = bnb.optim.AdamW8bit(params, lr=LR)
-        elif peer == "adafactor":
-            optimizer = torch.optim.Adafactor(params, lr=ADAFACTOR_LR)
-        else:
-            from galore_torch import GaLoreAdamW
-
-            projected, options = _galore_groups(model, rank)
-            optimizer = GaLoreAdamW(
-                [{"params": [p for p in params if id(p) not in projected]},
-                 {"params": [p for p in params if id(p) in projected], **options}],
-                lr=LR, no_deprecation_warning=True)
-
-        def after_backward() -> None:
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-
-        return Built(model, optimizer, after_backward)
-
-    from galore_torch import GaLoreAdamW, GaLoreAdamW8bit
-
-    make = GaLoreAdamW8bit if peer == "galore8bit-per-layer" else GaLoreAdamW
-    extra = {} if make is GaLoreAdamW8bit else {"no_deprecation_warning": True}
-    projected, options = _galore_groups(model, rank)
-    per_parameter = {
-        param: make([{"params": [param], **(options if id(param) in projected else {})}],
-                    lr=LR, **extra)
-        for param in params}
-
-    def hook(param: torch.Tensor) -> None:
-        per_parameter[param].step()
-        per_parameter[param].zero_grad()
-
-    for param in params:
-        param.register_post_accumulate_grad_hook(hook)
-    return Built(model, None, lambda: None)
+def overrides(case: Case, shape: LlamaShape) -> dict[str, Any]:
+    """The case's config: its own settings, then what every case shares."""
+    adafactor = case.overrides.get("optimizer.name") == "adafactor"
+    return {**case.overrides, "optimizer.lr": ADAFACTOR_LR if adafactor else LR,
+            "train.max_grad_norm": "null", "optimizer.galore.rank": galore_rank(shape),
+            "optimizer.galore.update_gap": UPDATE_GAP, "optimizer.galore.scale": SCALE}
 
 
 def measure(case: Case, folder: Path, shape: LlamaShape, device: torch.device) -> dict:
     from memfit.monitor.memory import make_memory_meter
 
-    settings = dict(case.settings)
-    rank = galore_rank(shape)
-    built = (build_memfit(folder, settings, rank) if case.who == "memfit"
-             else build_peer(folder, settings["peer"], rank))
-    built.model.to(device).train()
+    config = case_config(folder, overrides(case, shape))
+    built = (memfit_training(config, device) if case.peer is None
+             else peer_training(case.peer, folder, config, device))
+    built.model.train()
     data = token_batch(shape.vocab, SEQUENCE, device)
 
     def train_step() -> float:
         loss = built.model(**data).loss
         loss.backward()
-        built.after_backward()
+        if built.optimizer is not None:  # None: per-layer peers, stepped in backward
+            built.optimizer.step()  # memfit layer-wise: only publishes grad_norm
+            built.optimizer.zero_grad(set_to_none=True)
         return loss.item()
 
     meter = make_memory_meter(device)
@@ -268,22 +187,17 @@ def measure(case: Case, folder: Path, shape: LlamaShape, device: torch.device) -
             / DEFAULT_UPDATE_GAP, "loss": loss}
 
 
-def _failure_reason(failure: CaseFailed) -> str:
-    lines = [line for line in str(failure).splitlines() if line.strip()]
-    return lines[-1] if lines else "no output"
-
-
 def print_results(results: dict[str, dict]) -> None:
     base = results[PEER_ADAMW]
     columns = [("case", 56), *((c[:11], 12) for c in CATEGORIES), ("peak MiB", 10),
                ("x AdamW", 8), (f"step s/{UPDATE_GAP}", 10), ("x AdamW", 8),
                (f"step s/{DEFAULT_UPDATE_GAP}", 11), ("x AdamW", 8), ("loss@end", 9)]
-    print_table(columns, [
+    print(text_table(columns, [
         [name, *(f"{row[c] / MIB:.1f}" for c in CATEGORIES), f"{row['peak'] / MIB:.1f}",
          f"{row['peak'] / base['peak']:.3f}", f"{row['step_seconds']:.3f}",
          f"{row['step_seconds'] / base['step_seconds']:.2f}", f"{row['period_seconds']:.3f}",
          f"{row['period_seconds'] / base['period_seconds']:.2f}", f"{row['loss']:.3f}"]
-        for name, row in results.items()])
+        for name, row in results.items()]))
     print("step s/N: mean step time over a refresh period of N steps (see the docstring)")
 
 
@@ -323,7 +237,8 @@ def child(arguments: argparse.Namespace) -> None:
     every = PEER_CASES + [_memfit_case(*combination) for combination in _all_combinations()]
     case = next(case for case in every if case.name == arguments.case)
     shape = QUICK if arguments.quick else LLAMA_69M
-    report(measure(case, Path(arguments.model), shape, torch.device(arguments.device)))
+    write_result(arguments.result,
+                 measure(case, Path(arguments.model), shape, torch.device(arguments.device)))
 
 
 def main() -> None:
@@ -352,7 +267,7 @@ def main() -> None:
     skipped: dict[str, str] = {}
     with tempfile.TemporaryDirectory() as temporary:
         folder = Path(temporary) / "llama"
-        parameters = save_random_llama(folder, shape)
+        parameters = save_random_model(folder, llama_config(shape))
         print(f"model: Llama {shape.hidden}x{shape.layers}, vocab {shape.vocab}, "
               f"{parameters / 1e6:.1f}M parameters; batch 1 x {SEQUENCE}; GaLore rank "
               f"{galore_rank(shape)}, update_gap {UPDATE_GAP}; {METERED_STEPS} metered + "
@@ -364,14 +279,14 @@ def main() -> None:
         for name, case in [(case.name, case) for case in cases] + [(BASELINE_AGAIN, baseline)]:
             started = time.perf_counter()
             try:
-                results[name] = run_in_subprocess(__file__, [
+                results[name] = run_script_case(__file__, [
                     "--case", case.name, "--model", str(folder), "--threads",
                     str(arguments.threads), "--device", arguments.device,
-                    *(["--quick"] if arguments.quick else [])])
+                    *(["--quick"] if arguments.quick else [])], Path(temporary) / "result.json")
             except CaseFailed as failure:
-                if case.who == "memfit":
+                if case.peer is None:
                     raise SystemExit(f"case {case.name!r} failed:\n{failure}") from None
-                skipped[name] = _failure_reason(failure)
+                skipped[name] = failure.last_line
             print(f"  {name}: {time.perf_counter() - started:.0f}s", file=sys.stderr, flush=True)
     if PEER_ADAMW not in results:
         raise SystemExit(f"the baseline {PEER_ADAMW!r} failed: {skipped[PEER_ADAMW]}")

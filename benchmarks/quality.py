@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from _common import print_table
 
+from memfit.bench.table import text_table
 from memfit.optim.galore import SUBSPACE_CHANGE_CHOICES
 
 ADAMW_NAME = "AdamW"
@@ -199,7 +199,7 @@ def print_results(results: list[Result]) -> None:
         rows.append([result.method.name, tried, f"{kept.lr:.0e}{edge}",
                      f"{kept.eval_before:.4f}", f"{kept.eval_after:.4f}", ratio, spread,
                      f"{kept.runs[0].trainable:,}"])
-    print_table(columns, rows)
+    print(text_table(columns, rows))
     print("* the kept lr is at the edge of the tried range")
     if adamw is None:
         return
