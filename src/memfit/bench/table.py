@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,3 +116,17 @@ def pairs_table(rows: Sequence[Row], pairs: Sequence[tuple[str, str]]) -> str:
                       _ratio(a.tokens_per_second, b.tokens_per_second),
                       _ratio(a.final_loss, b.final_loss)])
     return _markdown(header, lines) if lines else ""
+
+
+def text_table(columns: Sequence[tuple[str, int]], rows: Iterable[Sequence[str]]) -> str:
+    """A fixed-width plain-text table (the benchmarks/ scripts' output): ``columns`` are
+    (title, width); the first is left-aligned, the others right; a dashed rule under the
+    header."""
+    (first, first_width), rest = columns[0], columns[1:]
+
+    def line(cells: Sequence[str]) -> str:
+        return f"{cells[0]:<{first_width}}" + "".join(
+            f"{cell:>{width}}" for cell, (_, width) in zip(cells[1:], rest, strict=True))
+
+    header = line([first, *(title for title, _ in rest)])
+    return "\n".join([header, "-" * len(header), *(line(row) for row in rows)])

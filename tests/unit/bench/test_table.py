@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from memfit.bench.table import Row, markdown_table, pairs_table, summarize
+from memfit.bench.table import Row, markdown_table, pairs_table, summarize, text_table
 
 
 def _records(losses: list[float], measured: set[int], peak: int = 1000,
@@ -62,3 +62,12 @@ def test_pairs_table_compares_memfit_with_its_peer():
     lines = table.splitlines()
     assert len(lines) == 3
     assert "| memfit LoRA | PEFT LoRA | 0.50 | 1.00 | 1.00 | 1.00 |" == lines[2]
+
+
+def test_text_table_aligns_names_left_and_numbers_right():
+    table = text_table([("case", 8), ("peak", 6), ("x", 5)], [["a", "1.0", "0.50"],
+                                                             ["longer", "12.5", "1.00"]])
+    assert table.splitlines() == ["case      peak    x",
+                                  "-------------------",
+                                  "a          1.0 0.50",
+                                  "longer    12.5 1.00"]
