@@ -68,10 +68,10 @@ class TechniqueSpec:
     keys: tuple[str, ...]  # config keys ("memory.chunked_loss") or values ("precision=fp16")
     stage: Stage
     enabled: Callable[[Config], bool]
-    apply: Apply | None  # None: the stage's code runs it (``plan`` says where)
-    check_applied: Callable[[nn.Module], list[str]] | None  # warnings; raises ConfigError
-    plan_apply: Callable[[nn.Module, Setting], nn.Module] | None  # on the meta model
     plan: str  # the planner's view, where plan_apply does not say it all
+    apply: Apply | None = None  # None: the stage's code runs it (training.loop, objective)
+    check_applied: Callable[[nn.Module], list[str]] | None = None  # warnings; raises ConfigError
+    plan_apply: Callable[[nn.Module, Setting], nn.Module] | None = None  # on the meta model
 
 
 def _adapters_on(config: Config) -> bool:
@@ -169,64 +169,64 @@ TECHNIQUES: tuple[TechniqueSpec, ...] = (
         keys=("memory.gradient_checkpointing", "memory.checkpoint_modules",
               "memory.checkpoint_every"),
         stage="model", enabled=lambda config: config.memory.gradient_checkpointing,
+        plan="traced: recomputed blocks keep only their inputs",
         # Before the adapters: PEFT renames the modules checkpointing looks for.
         apply=_checkpoint, check_applied=_checked(checkpointing.check_applied),
-        plan_apply=_checkpoint, plan="traced: recomputed blocks keep only their inputs"),
+        plan_apply=_checkpoint),
     TechniqueSpec(
         name="adapters",
         keys=("adapter.kind=lora", "adapter.kind=qlora", "adapter.rank", "adapter.alpha",
               "adapter.dropout", "adapter.targets", "adapter.restrict_to", "adapter.rslora",
               "adapter.dora", "adapter.trainable_modules"),
         stage="model", enabled=_adapters_on,
+        plan="only adapter weights (and adapter.trainable_modules) have grads and state",
         apply=_add_adapters, check_applied=_checked(lora.check_applied),
-        plan_apply=_add_adapters, plan="only adapter weights train: grads and state"),
+        plan_apply=_add_adapters),
     TechniqueSpec(
         name="quantized base",
         keys=("adapter.kind=qlora", "adapter.quantization", "adapter.double_quant"),
         stage="load", enabled=_qlora,
+        plan="techniques.quantize_stand_in: QuantizedLinear's bytes and matmul memory",
         apply=_quantize_base, check_applied=quantize.check_applied,
-        plan_apply=_stand_in_for_quantized_base,
-        plan="techniques.quantize_stand_in: QuantizedLinear's bytes and matmul memory"),
+        plan_apply=_stand_in_for_quantized_base),
     TechniqueSpec(
         name="frozen weights in the compute dtype",
         keys=("adapter.frozen_in_compute_dtype",),
         stage="model", enabled=lambda config: frozen_storage_dtype(config) is not None,
-        apply=_store_frozen_in_compute_dtype, check_applied=None,
-        plan_apply=_store_frozen_in_compute_dtype, plan="the meta weights' dtype"),
+        plan="the meta model's weights are cast as training's",
+        apply=_store_frozen_in_compute_dtype, plan_apply=_store_frozen_in_compute_dtype),
     TechniqueSpec(
         name="pure bf16 weights",
         keys=("precision=bf16-pure",),
         stage="device", enabled=lambda config: config.precision is Precision.BF16_PURE,
-        apply=_cast_to_bf16, check_applied=None, plan_apply=None,
-        plan="plan.meta builds the model in planned_weights_dtype (bfloat16)"),
+        plan="plan.meta builds the model in planned_weights_dtype (bfloat16)",
+        apply=_cast_to_bf16),
     TechniqueSpec(
         name="mixed precision",
         keys=("precision=bf16", "precision=fp16"),
         stage="step",
         enabled=lambda config: config.precision in (Precision.BF16, Precision.FP16),
-        apply=None, check_applied=None, plan_apply=None,
-        plan="plan.itemize traces the micro-batch under the same autocast; training.loop "
-             "runs forward under training.precision.autocast (fp16: build's grad scaler)"),
+        plan="plan.itemize traces the micro-batch under the autocast training.loop runs "
+             "forward in (training.precision; fp16 adds build's grad scaler)"),
     TechniqueSpec(
         name="chunked loss",
         keys=("memory.chunked_loss", "memory.loss_chunk_tokens"),
         stage="step", enabled=lambda config: config.memory.chunked_loss,
-        apply=None, check_applied=_checked(chunked_loss.check_supported), plan_apply=None,
-        plan="techniques.training_loss, traced as training runs it (plan.workload)"),
+        plan="techniques.training_loss, traced as training runs it (plan.workload)",
+        check_applied=_checked(chunked_loss.check_supported)),
     TechniqueSpec(
         name="activation offload",
         keys=("memory.activation_offload",),
         stage="step", enabled=lambda config: config.memory.activation_offload,
-        apply=None, check_applied=None, plan_apply=None,
-        plan="plan.trace keeps saved tensors in host bytes (training.loop's "
-             "ActivationOffload context moves them there)"),
+        plan="plan.trace counts saved tensors as host bytes, where training.loop's "
+             "ActivationOffload context keeps them"),
     TechniqueSpec(
         name="optimizer offload",
         keys=("memory.optimizer_offload",),
         stage="optimizer", enabled=lambda config: config.memory.optimizer_offload,
-        apply=_offload_optimizer, check_applied=None, plan_apply=None,
-        plan="plan.itemize counts the state, fp32 master weights and grads as host bytes "
-             "and no step scratch on the device"),
+        plan="plan.itemize counts the state, fp32 master weights and grads as host bytes, "
+             "and no step scratch on the device",
+        apply=_offload_optimizer),
 )
 
 
