@@ -79,6 +79,7 @@ class _Sizing:
     trace: TraceResult
     block_bytes: int  # the largest repeated block's weights (one FSDP2 unit)
     block_trainable_bytes: int  # ... and its trainable part (its unsharded gradients)
+    batch_bytes: int  # one micro-batch's input tensors
 
 
 _SIZING_CACHE: dict[tuple, _Sizing] = {}
@@ -96,7 +97,8 @@ def estimate(config: Config, device: str = "cuda",
     shard = lambda nbytes: -(-nbytes // devices)  # noqa: E731 - bytes on one device
     grads = shard(costs.grad_bytes(params))
     largest = costs.largest_trainable_bytes(params)
-    offload = config.memory.optimizer_offload
+    # On a CPU-only machine the host is the device: the state stays where it was.
+    offload = config.memory.optimizer_offload and device != "cpu"
     state = 0 if offload else shard(optimizer.state_bytes)
     with_grads, without = trace.peak, trace.peak_without_grads
     if devices > 1:
@@ -109,7 +111,7 @@ def estimate(config: Config, device: str = "cuda",
     else:
         candidates = [{"grads": with_grads["grads"], "activations": with_grads["activations"],
                        "temporaries": with_grads["temporaries"]},
-                      {"grads": grads, "activations": 0,
+                      {"grads": grads, "activations": _inputs_in_step(config, sizing, device),
                        "temporaries": 0 if offload else shard(optimizer.step_scratch_bytes)}]
         if config.train.gradient_accumulation_steps > 1:
             candidates.append({"grads": grads, "activations": without["activations"],
@@ -126,6 +128,13 @@ def estimate(config: Config, device: str = "cuda",
         host += optimizer.state_bytes + 2 * 4 * sum(p.numel for p in params)
     return Estimate(split, total, costs.device_overhead_bytes(total, device), host,
                     config.train.micro_batch_size, config.train.gradient_accumulation_steps)
+
+
+def _inputs_in_step(config: Config, sizing: _Sizing, device: str) -> int:
+    """Input bytes alive during optimizer.step(): the step's micro-batches, which on CPU are
+    the device's own tensors; elsewhere the last one's device copy."""
+    batches = config.train.gradient_accumulation_steps if device == "cpu" else 1
+    return batches * sizing.batch_bytes
 
 
 def _sharded_over(config: Config) -> int:
@@ -162,6 +171,7 @@ def _block_bytes(model: nn.Module) -> tuple[int, int]:
 def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> _Sizing:
     key = (config.model, config.adapter, config.precision, config.memory,
            config.train.micro_batch_size, config.data.max_length, _batch_key(example_batch),
+           config.optimizer.name, config.optimizer.galore.modules,  # which params are projected
            quantized_path(config, device) if config.adapter.kind is AdapterKind.QLORA
            else None)
     if key not in _SIZING_CACHE:
@@ -179,11 +189,14 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
              device: str) -> _Sizing:
     built = meta.build(config, layers, device)
     weights = costs.weight_bytes(built.model)
-    params = costs.trainable_params(built.model)
+    params = costs.trainable_params(built.model, config)
     make_batch, loss_sum = workload(config, built, example_batch)
+    with torch.device("meta"):
+        batch_bytes = sum(tensor.numel() * tensor.element_size()
+                          for tensor in make_batch().values() if isinstance(tensor, torch.Tensor))
     trace = trace_micro_batch(built.model, make_batch, loss_sum, AUTOCAST.get(config.precision),
                               config.memory.activation_offload)
-    return _Sizing(weights, params, trace, *_block_bytes(built.model))
+    return _Sizing(weights, params, trace, *_block_bytes(built.model), batch_bytes)
 
 
 def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
@@ -203,7 +216,7 @@ def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
                         grow(one.trace.host_peak_bytes, two.trace.host_peak_bytes))
     return _Sizing(grow(one.weight_bytes, two.weight_bytes), params, trace,
                    max(one.block_bytes, two.block_bytes),
-                   max(one.block_trainable_bytes, two.block_trainable_bytes))
+                   max(one.block_trainable_bytes, two.block_trainable_bytes), one.batch_bytes)
 
 
 def _batch_key(example_batch: ExampleBatch | None) -> tuple | None:

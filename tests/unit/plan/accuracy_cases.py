@@ -132,6 +132,18 @@ def architectures(data: dict[str, Path], folder: Path) -> dict[str, tuple[dict, 
     }
 
 
+PROJECTORS = ("svd", "randomized_svd", "online", "random", "apollo_mini")
+
+
+def _galore(projector: str = "randomized_svd", modules: list[str] | None = None,
+            layerwise: bool = False, accumulate: int = 1, **galore) -> dict:
+    """GaLore at rank 16 (below the 64-wide matrices of the small models: really projected)."""
+    return {"optimizer": {"name": "galore", "layerwise": layerwise,
+                          "galore": {"rank": 16, "projector": projector, "modules": modules or [],
+                                     **galore}},
+            "train": {"gradient_accumulation_steps": accumulate}}
+
+
 # strategy name -> overrides on top of an architecture.
 STRATEGIES: dict[str, dict] = {
     "adamw": {"optimizer": {"name": "adamw"}},
@@ -149,6 +161,20 @@ STRATEGIES: dict[str, dict] = {
                    "precision": "bf16"},
     "qlora-checkpointing": {"adapter": {"kind": "qlora", "rank": 4}, "precision": "bf16",
                             "memory": {"gradient_checkpointing": True}},
+    **{f"galore-{projector}": _galore(projector=projector) for projector in PROJECTORS},
+    # Only the MLP matrices projected; attention gets the plain inner update.
+    "galore-mlp-only": _galore(modules=["mlp"]),
+    "galore-layerwise": _galore(layerwise=True, accumulate=2),
+    # On refresh steps every parameter accumulates its full gradient; update_gap 2 makes the
+    # third step one, with the optimizer state of the first two alive.
+    "galore-layerwise-full-gradient": _galore(layerwise=True, accumulate=2, update_gap=2,
+                                              layerwise_refresh="full_gradient"),
+    "adamw-layerwise": {"optimizer": {"name": "adamw", "layerwise": True},
+                        "train": {"gradient_accumulation_steps": 2}},
+    "adamw-optimizer-offload": {"optimizer": {"name": "adamw"},
+                                "memory": {"optimizer_offload": True}},
+    "chunked-loss": {"optimizer": {"name": "adamw"},
+                     "memory": {"chunked_loss": True, "loss_chunk_tokens": 32}},
 }
 
 
@@ -159,8 +185,12 @@ SKIP = {("gpt2", "lora"), ("gpt2", "lora-checkpointing"), ("gpt2", "qlora"),
         ("gpt2", "qlora-int8"), ("gpt2", "qlora-checkpointing"),
         ("conv-autoencoder", "lora-checkpointing"), ("conv-autoencoder", "qlora"),
         ("conv-autoencoder", "qlora-int8"), ("conv-autoencoder", "qlora-checkpointing")}
-# Architectures that are only there for their quantized base.
-QUANTIZED_ONLY = {"llama-wide"}
+# The GaLore family and the layer-wise, offload and chunked-loss cases run on the causal LMs
+# (GPT-2's Conv1D layers are GaLore targets too; chunked loss needs a causal LM).
+LANGUAGE_MODELS_ONLY = ("galore", "adamw-layerwise", "adamw-optimizer-offload", "chunked-loss")
+# Architectures that are only there for their quantized base and for the GaLore family,
+# whose optimizer step (SVDs of 256 x 1024 matrices, full-size APOLLO updates) is the peak.
+WIDE_ONLY = {"llama-wide": ("qlora", "galore")}
 ADAPTER_TARGETS = {"conv-autoencoder": ["conv"]}
 
 
@@ -168,7 +198,9 @@ def cases(data: dict[str, Path], folder: Path):
     """(architecture, strategy, Config, example batch) for every valid pair."""
     for arch, (base, example) in architectures(data, folder).items():
         for name, overrides in STRATEGIES.items():
-            if (arch, name) in SKIP or (arch in QUANTIZED_ONLY and not name.startswith("qlora")):
+            if (arch, name) in SKIP or (arch in WIDE_ONLY and not name.startswith(WIDE_ONLY[arch])):
+                continue
+            if name.startswith(LANGUAGE_MODELS_ONLY) and arch not in ("llama", "gpt2", *WIDE_ONLY):
                 continue
             if "adapter" in overrides and arch in ADAPTER_TARGETS:
                 overrides = {**overrides, "adapter": {**overrides["adapter"],

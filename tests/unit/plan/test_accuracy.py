@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from accuracy_cases import cases, measure_peak_bytes, write_data
+from accuracy_cases import PROJECTORS, cases, measure_peak_bytes, write_data
 
 from memfit.plan import estimate
 
@@ -18,12 +18,22 @@ QUANTIZED = {("llama", "qlora"), ("llama-wide", "qlora"), ("llama-wide", "qlora-
              ("llama-wide", "qlora-checkpointing")}
 
 
+# Each optimizer's spec against the optimizer: every GaLore projector where its step is
+# the peak (SVDs of 256 x 1024 matrices, APOLLO's full-size scaled gradient), a
+# galore.modules subset on GPT-2's Conv1D layers, layer-wise updates accumulating full
+# gradients on refresh steps, and the offload and chunked-loss techniques.
+SPECS = {*(("llama-wide", f"galore-{projector}") for projector in PROJECTORS),
+         ("gpt2", "galore-mlp-only"), ("llama-wide", "galore-layerwise-full-gradient"),
+         ("gpt2", "adamw-layerwise"), ("llama", "adamw-optimizer-offload"),
+         ("llama", "chunked-loss")}
+
+
 @pytest.fixture(scope="module")
 def chosen_cases(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plan-accuracy")
     data = write_data(folder)
     return {(arch, name): (config, example) for arch, name, config, example
-            in cases(data, folder) if (arch, name) in CHOSEN | QUANTIZED}
+            in cases(data, folder) if (arch, name) in CHOSEN | QUANTIZED | SPECS}
 
 
 @pytest.mark.parametrize("case", sorted(CHOSEN), ids="-".join)
@@ -42,3 +52,13 @@ def test_qlora_plan_is_not_below_measured_peak(chosen_cases, case):
     planned = estimate(config, device="cpu", example_batch=example).peak_tensor_bytes
     measured = measure_peak_bytes(config)
     assert 0 <= planned / measured - 1 <= 0.03, (planned, measured)
+
+
+@pytest.mark.parametrize("case", sorted(SPECS), ids="-".join)
+def test_optimizer_and_technique_plans_are_safe_and_close(chosen_cases, case):
+    """The done-when of the one-spec-per-optimizer work: at or above the tracker's exact
+    bytes (auto-fit relies on it) and within 15%."""
+    config, example = chosen_cases[case]
+    planned = estimate(config, device="cpu", example_batch=example).peak_tensor_bytes
+    measured = measure_peak_bytes(config)
+    assert 0 <= planned / measured - 1 <= 0.15, (planned, measured)
