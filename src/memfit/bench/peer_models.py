@@ -24,7 +24,7 @@ GALORE_TARGETS = ("attn", "mlp")
 
 
 @dataclass
-class PeerTraining:
+class ModelAndOptimizer:
     model: nn.Module
     # None: per-parameter optimizers stepped by post-accumulate-grad hooks inside backward.
     optimizer: torch.optim.Optimizer | None
@@ -43,24 +43,27 @@ def _adam_arguments(config: Config) -> dict[str, Any]:
             "weight_decay": optimizer.weight_decay}
 
 
-def torch_adamw(folder: Path, config: Config, device: torch.device) -> PeerTraining:
+def torch_adamw(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
     model = load_model(folder, device)
-    return PeerTraining(model, torch.optim.AdamW(model.parameters(), **_adam_arguments(config)))
+    optimizer = torch.optim.AdamW(model.parameters(), **_adam_arguments(config))
+    return ModelAndOptimizer(model, optimizer)
 
 
-def bnb_adamw8bit(folder: Path, config: Config, device: torch.device) -> PeerTraining:
+def bnb_adamw8bit(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
     import bitsandbytes as bnb
 
     model = load_model(folder, device)
-    return PeerTraining(model, bnb.optim.AdamW8bit(model.parameters(), **_adam_arguments(config)))
+    optimizer = bnb.optim.AdamW8bit(model.parameters(), **_adam_arguments(config))
+    return ModelAndOptimizer(model, optimizer)
 
 
-def torch_adafactor(folder: Path, config: Config, device: torch.device) -> PeerTraining:
+def torch_adafactor(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
     model = load_model(folder, device)
-    return PeerTraining(model, torch.optim.Adafactor(model.parameters(), lr=config.optimizer.lr))
+    optimizer = torch.optim.Adafactor(model.parameters(), lr=config.optimizer.lr)
+    return ModelAndOptimizer(model, optimizer)
 
 
-def peft_lora(folder: Path, config: Config, device: torch.device) -> PeerTraining:
+def peft_lora(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
     """PEFT's recipe: (4-bit load + prepare_model_for_kbit_training for QLoRA),
     non-reentrant checkpointing when asked, get_peft_model, AdamW on what trains."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
@@ -90,7 +93,7 @@ def peft_lora(folder: Path, config: Config, device: torch.device) -> PeerTrainin
                                              target_modules="all-linear"))
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return PeerTraining(model, torch.optim.AdamW(trainable, **_adam_arguments(config)))
+    return ModelAndOptimizer(model, torch.optim.AdamW(trainable, **_adam_arguments(config)))
 
 
 def _galore_groups(model: nn.Module) -> tuple[list, list]:
@@ -108,7 +111,7 @@ def galore_settings(config: Config) -> dict[str, Any]:
             "proj_type": "std"}
 
 
-def galore_torch(folder: Path, config: Config, device: torch.device) -> PeerTraining:
+def galore_torch(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
     from galore_torch import GaLoreAdamW
 
     model = load_model(folder, device)
@@ -116,11 +119,11 @@ def galore_torch(folder: Path, config: Config, device: torch.device) -> PeerTrai
     optimizer = GaLoreAdamW([{"params": other},
                              {"params": projected, **galore_settings(config)}],
                             **_adam_arguments(config))
-    return PeerTraining(model, optimizer)
+    return ModelAndOptimizer(model, optimizer)
 
 
 def _galore_per_layer(make: Callable[..., torch.optim.Optimizer], folder: Path,
-                      config: Config, device: torch.device) -> PeerTraining:
+                      config: Config, device: torch.device) -> ModelAndOptimizer:
     """The GaLore README's per-layer recipe: one optimizer per parameter, stepped by a
     post-accumulate-grad hook (so it steps on every backward; fine without accumulation)."""
     model = load_model(folder, device)
@@ -136,23 +139,23 @@ def _galore_per_layer(make: Callable[..., torch.optim.Optimizer], folder: Path,
 
     for parameter in per_parameter:
         parameter.register_post_accumulate_grad_hook(step_parameter)
-    return PeerTraining(model, None)
+    return ModelAndOptimizer(model, None)
 
 
-def galore_torch_layerwise(folder: Path, config: Config, device: torch.device) -> PeerTraining:
+def galore_torch_layerwise(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
     from galore_torch import GaLoreAdamW
 
     return _galore_per_layer(GaLoreAdamW, folder, config, device)
 
 
 def galore_torch_8bit_layerwise(folder: Path, config: Config,
-                                device: torch.device) -> PeerTraining:
+                                device: torch.device) -> ModelAndOptimizer:
     from galore_torch import GaLoreAdamW8bit
 
     return _galore_per_layer(GaLoreAdamW8bit, folder, config, device)
 
 
-BUILDERS: dict[str, Callable[[Path, Config, torch.device], PeerTraining]] = {
+BUILDERS: dict[str, Callable[[Path, Config, torch.device], ModelAndOptimizer]] = {
     "torch-adamw": torch_adamw,
     "bnb-adamw8bit": bnb_adamw8bit,
     "torch-adafactor": torch_adafactor,
