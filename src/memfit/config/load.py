@@ -167,8 +167,12 @@ def _unknown_key_message(full_key: str, key: str, choices: list[str]) -> str:
     return f"unknown key {full_key}{hint} (valid keys here: {', '.join(choices)})"
 
 
-def _convert(hint: Any, value: Any, key: str) -> Any:
+def convert_value(hint: Any, value: Any, key: str) -> Any:
     """Coerce one raw value to the type hint, or raise a ConfigError naming the key."""
+    return _convert(hint, value, key)
+
+
+def _convert(hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):

@@ -153,7 +153,8 @@ def _check_combinations(config: Config) -> None:
             "every gradient before any step, and layer-wise steps run inside backward; use "
             "bf16 or fp32"
         )
-    if config.precision is Precision.BF16_PURE and not _optimizer_spec(config).rounds_stochastically:
+    pure = config.precision is Precision.BF16_PURE
+    if pure and not _optimizer_spec(config).rounds_stochastically:
         from memfit.techniques.optimizers import SPECS
 
         rounding = " or ".join(name.value for name, spec in SPECS.items()

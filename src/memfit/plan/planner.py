@@ -80,6 +80,7 @@ def plan(config: Config, budget: str | int, device: str = "cuda",
             row = estimate(candidate, device, example_batch)
         except MemfitError as error:  # e.g. no blocks to checkpoint in this model
             skipped[name] = str(error)
+            continue
         except RuntimeError as error:  # an op the fake-tensor trace cannot run here
             skipped[name] = f"could not be traced ({str(error).splitlines()[0]})"
             continue

@@ -17,9 +17,10 @@ so every level of a method is tried before the next method.
 from __future__ import annotations
 
 import dataclasses
-from enum import Enum
+import typing
 from typing import Any
 
+from memfit.config.load import convert_value
 from memfit.config.schema import AdapterKind, Config, Task
 from memfit.techniques.optimizers import spec_for
 
@@ -80,14 +81,12 @@ def with_overrides(config: Config, overrides: Overrides) -> Config:
 
 def _replace(node: Any, changes: dict[str, Any]) -> Any:
     updates = {}
+    hints = typing.get_type_hints(type(node))
     for key, value in changes.items():
-        current = getattr(node, key)
-        if isinstance(value, dict):
-            updates[key] = _replace(current, value)
-        elif isinstance(current, Enum):
-            updates[key] = type(current)(value)
-        else:
-            updates[key] = value
+        if isinstance(value, dict) and dataclasses.is_dataclass(hints[key]):
+            updates[key] = _replace(getattr(node, key), value)
+        else:  # as the YAML loader converts it (e.g. "adamw" is a name, not a class path)
+            updates[key] = convert_value(hints[key], value, key)
     return dataclasses.replace(node, **updates)
 
 

@@ -142,6 +142,43 @@ def test_random_projector_is_apollo_and_stores_only_a_seed() -> None:
     assert isinstance(first_seed, int) and other.state[same_seed]["projector_seed"] == first_seed
 
 
+def test_apollo_mini_is_rank_one_with_one_scale_per_tensor() -> None:
+    """APOLLO-Mini (Zhu et al. 2025): a rank-1 Gaussian projection whatever `rank` says, and
+    the raw gradient scaled as a whole by ||Adam(R)|| / ||R||, norm growth limited to 1.01x."""
+    torch.manual_seed(0)
+    lr, scale = 1e-2, 128**0.5
+    weight = torch.nn.Parameter(torch.randn(6, 10))
+    optimizer = GaLore([weight], lr=lr, rank=4, update_gap=100, scale=scale,
+                       projector="apollo_mini", seed=7)
+    oracle = weight.detach().clone()
+    first_moment, second_moment = torch.zeros(1, 10), torch.zeros(1, 10)
+    previous_norm = None
+    for step, (inputs, targets) in enumerate(_batches(5, 10, 6), start=1):
+        optimizer.zero_grad()
+        _loss(weight, inputs, targets).backward()
+        optimizer.step()
+
+        state = optimizer.state[weight]
+        generator = torch.Generator().manual_seed(state["projector_seed"])
+        basis = torch.randn(6, 1, generator=generator)  # N(0, 1/rank) with rank 1
+        oracle_weight = oracle.clone().requires_grad_()
+        _loss(oracle_weight, inputs, targets).backward()
+        grad = oracle_weight.grad
+        projected = basis.T @ grad  # 1 x 10
+        first_moment = 0.9 * first_moment + 0.1 * projected
+        second_moment = 0.999 * second_moment + 0.001 * projected**2
+        adam = (first_moment / (1 - 0.9**step)) / ((second_moment / (1 - 0.999**step)).sqrt() + EPS)
+        update = grad * (adam.norm() / (projected.norm() + EPS))  # one scale for the tensor
+        if previous_norm is not None and update.norm() > 1.01 * previous_norm:
+            update = update * (1.01 * previous_norm / update.norm())
+        previous_norm = update.norm()
+        oracle = oracle - lr * scale * update
+        torch.testing.assert_close(weight.detach(), oracle, rtol=1e-5, atol=1e-6)
+        assert {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)} == {
+            "exp_avg": (1, 10), "exp_avg_sq": (1, 10), "update_norm": ()}
+    assert GaLore.state_bytes((6, 10), optimizer.param_groups[0]) == 4 * (10 + 10 + 1)
+
+
 def test_online_projector_keeps_its_adam_moments_and_stays_orthonormal() -> None:
     torch.manual_seed(0)
     weight = torch.nn.Parameter(torch.randn(6, 10))

@@ -60,9 +60,9 @@ def _costs(params: list[Param], config: Config) -> list[ParamCost]:
                 weight.grad = torch.empty_like(weight)
                 optimizer = make([{"params": [weight]}])
                 optimizer.step()
-                state[shape, element_size] = sum(
-                    value.numel() * value.element_size()
-                    for value in optimizer.state[weight].values() if isinstance(value, torch.Tensor))
+                tensors = [value for value in optimizer.state[weight].values()
+                           if isinstance(value, torch.Tensor)]
+                state[shape, element_size] = sum(t.numel() * t.element_size() for t in tensors)
     except ConfigError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's optimizer failed; say which

@@ -1,0 +1,108 @@
+"""optimizer.name as a class path: any torch.optim.Optimizer trains, is planned from one
+step on fake tensors, and every way of naming it wrongly is one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from cli_helpers import assert_one_line_error, run_in_process, tiny_run_arguments
+
+from memfit.config import from_mapping
+from memfit.plan import costs
+
+OPTIMIZER_FILE = '''
+import torch
+
+
+class SignSGD(torch.optim.Optimizer):
+    """Steps by the sign of a momentum buffer (one buffer per parameter)."""
+
+    def __init__(self, params, lr=1e-3, beta=0.9):
+        super().__init__(params, {"lr": lr, "beta": beta})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                buffer = self.state[p].setdefault("buffer", torch.zeros_like(p))
+                buffer.mul_(group["beta"]).add_(p.grad, alpha=1 - group["beta"])
+                p.add_(buffer.sign(), alpha=-group["lr"])
+'''
+
+
+def test_a_class_path_optimizer_trains_and_the_plan_counts_its_state(
+        tmp_path: Path, instructions: Path, quiet_transformers) -> None:
+    (tmp_path / "sign_sgd.py").write_text(OPTIMIZER_FILE)
+    (tmp_path / "run.yaml").write_text(
+        "model: {preset: tiny-llama}\n"
+        f"data: {{path: {instructions}, format: instruction, max_length: 64}}\n"
+        "optimizer: {name: sign_sgd.py:SignSGD, kwargs: {beta: 0.5}, lr: 0.001}\n"
+        f"train: {{output_dir: {tmp_path / 'run'}, max_steps: 2}}\n"
+        "log: {progress: false, tensorboard: false}\n")
+    result = run_in_process("train", "run.yaml", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    saved = (tmp_path / "run" / "config.yaml").read_text()
+    assert f"name: {tmp_path / 'sign_sgd.py'}:SignSGD" in saved  # resolved beside the YAML
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["steps"] == 2
+
+    planned = run_in_process("plan", "run.yaml", "--budget", "1GiB", "--json", cwd=tmp_path)
+    assert planned.returncode == 0, planned.stderr
+    # One fp32 buffer per trainable parameter, learned from one step on fake tensors.
+    assert json.loads(planned.stdout)["config"]["bytes"]["optimizer"] == 4 * _tiny_llama_size()
+
+
+def _tiny_llama_size() -> int:
+    from transformers import LlamaForCausalLM
+
+    from memfit.models.presets import PRESETS
+
+    with torch.device("meta"):
+        return sum(p.numel() for p in LlamaForCausalLM(PRESETS["tiny-llama"]()).parameters())
+
+
+def test_the_plan_of_a_class_path_optimizer_is_its_real_state() -> None:
+    from transformers import LlamaForCausalLM
+
+    from memfit.models.presets import PRESETS
+    from memfit.techniques.optimizers import build_optimizer
+
+    config = from_mapping({"model": {"preset": "tiny-llama"}, "data": {"path": "unused"},
+                           "optimizer": {"name": "torch.optim:SGD",
+                                         "kwargs": {"momentum": 0.9}}})
+    model = LlamaForCausalLM(PRESETS["tiny-llama"]())
+    planned = costs.optimizer_cost(costs.trainable_params(model, config), config).state_bytes
+    optimizer = build_optimizer(model, config)
+    assert type(optimizer) is torch.optim.SGD and optimizer.defaults["momentum"] == 0.9
+    for param in model.parameters():
+        param.grad = torch.ones_like(param)
+    optimizer.step()
+    real = sum(v.numel() * v.element_size() for state in optimizer.state.values()
+               for v in state.values() if isinstance(v, torch.Tensor))
+    assert planned == real == sum(p.numel() * 4 for p in model.parameters())
+
+
+@pytest.mark.parametrize(("name", "kwargs", "command", "fragments"), [
+    ("adamw9", {}, "train", ("optimizer.name='adamw9' is not one of: adamw", "class path")),
+    ("no_such_module:Thing", {}, "train", ("optimizer.name='no_such_module:Thing'",
+                                           "cannot import")),
+    ("torch.nn:Linear", {}, "train", ("is not a torch.optim.Optimizer subclass",)),
+    ("torch.optim:SGD", {"momentun": 0.9}, "train", ("refused optimizer.kwargs",
+                                                     "momentun")),
+    # Adafactor reads its step count with .item(): it cannot step on fake tensors.
+    ("torch.optim:Adafactor", {}, "plan --budget 1GiB",
+     ("cannot plan optimizer.name='torch.optim:Adafactor'",)),
+])
+def test_a_wrong_class_path_is_one_line(tmp_path: Path, instructions: Path, name: str,
+                                        kwargs: dict, command: str,
+                                        fragments: tuple[str, ...]) -> None:
+    arguments = tiny_run_arguments(instructions, tmp_path / "run", f"optimizer.name={name}",
+                                   f"optimizer.kwargs={json.dumps(kwargs)}")
+    result = run_in_process(*command.split(), *arguments, cwd=tmp_path)
+    assert_one_line_error(result, 2, *fragments)
+    assert not (tmp_path / "run").exists()
