@@ -57,18 +57,22 @@ class StepParts:
     loss_sum: Callable[[nn.Module, Batch], torch.Tensor]
     precision: Precision
     device: torch.device
-    # The weights whose global gradient norm is measured and clipped to max_grad_norm
-    # (None: measured only); None: the norm is not even measured (a peer's loop).
-    clipped: list[torch.Tensor] | None = None
+    # Whether the global gradient norm of the trainable weights is measured, and clipped
+    # to max_grad_norm when that is set (a peer's loop does neither).
+    measure_grad_norm: bool = False
     max_grad_norm: float | None = None
     scaler: torch.amp.GradScaler | None = None
     activation_offload: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+    def __post_init__(self) -> None:
+        if self.max_grad_norm is not None and not self.measure_grad_norm:
+            raise ValueError("max_grad_norm needs measure_grad_norm=True")
 
 
 @dataclass(frozen=True)
 class StepOutcome:
     loss: float  # mean per item over the effective batch (all ranks)
-    grad_norm: float | None  # pre-clip global norm; None when StepParts.clipped is None
+    grad_norm: float | None  # pre-clip global norm; None unless StepParts.measure_grad_norm
     verdict: Verdict
 
 
@@ -76,7 +80,7 @@ def step_parts(run: Run) -> StepParts:
     """The parts of ``run`` as they are now (an OOM rung may rebuild its model)."""
     return StepParts(
         model=run.model, optimizer=run.optimizer, loss_sum=run.objective.loss_sum,
-        precision=run.config.precision, device=run.device, clipped=run.trainable_parameters,
+        precision=run.config.precision, device=run.device, measure_grad_norm=True,
         max_grad_norm=run.config.train.max_grad_norm, scaler=run.scaler,
         activation_offload=lambda: run.activation_offload.context(
             run.config.memory.activation_offload))
@@ -145,10 +149,14 @@ def _clip(parts: StepParts, in_backward: bool) -> float | None:
         return float(parts.optimizer.grad_norm)
     if parts.scaler:
         parts.scaler.unscale_(parts.optimizer)
-    if parts.clipped is None:
+    if not parts.measure_grad_norm:
         return None
+    # Listed after backward: FSDP2 leaves its root's parameters unsharded after a forward
+    # without backward (evaluation) and registers the sharded ones, which hold the
+    # gradients, only in backward.
+    trainable = [p for p in parts.model.parameters() if p.requires_grad]
     projected = getattr(parts.optimizer, "projected_gradients", list)()
-    return float(clip_grad_norm_(parts.clipped, parts.max_grad_norm, projected))
+    return float(clip_grad_norm_(trainable, parts.max_grad_norm, projected))
 
 
 def _update(parts: StepParts, in_backward: bool, verdict: Verdict) -> None:

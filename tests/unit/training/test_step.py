@@ -33,10 +33,9 @@ def _micro_batches(count: int = 2) -> list[dict[str, torch.Tensor]]:
              "y": torch.randn(4, 1, generator=generator)} for _ in range(count)]
 
 
-def _parts(model: nn.Module, optimizer: torch.optim.Optimizer | None, **fields) -> StepParts:
+def _parts(model: nn.Module, optimizer: torch.optim.Optimizer) -> StepParts:
     return StepParts(model, optimizer, _loss_sum, Precision.FP32, torch.device("cpu"),
-                     **{"clipped": list(model.parameters()), "max_grad_norm": MAX_GRAD_NORM,
-                        **fields})
+                     measure_grad_norm=True, max_grad_norm=MAX_GRAD_NORM)
 
 
 def _plain_step(model: nn.Module, optimizer: torch.optim.Optimizer,
