@@ -38,9 +38,10 @@ PAPERS = [
       "memory.gradient_checkpointing=true", "train.micro_batch_size=8",
       "data.max_length=512"],
      "LOMO counts fp16 weights + fp16 grads + fp32 master/m/v (16 B/param) analytically; "
-     "memfit's mixed precision keeps fp32 weights and grads (also 16 B/param), and torch's "
-     "foreach AdamW step adds sqrt(exp_avg_sq) for a whole parameter group (the peak); "
-     "tensor bytes (the paper's 'GB' are GiB: 6.74e9 x 2 B = 12.55)"),
+     "memfit's mixed precision keeps fp32 weights and grads (also 16 B/param), and its "
+     "AdamW step adds sqrt(exp_avg_sq) of one 64 MiB batch of parameters (BoundedAdamW; "
+     "torch's foreach step: a whole parameter group, ~25 GiB more); tensor bytes (the "
+     "paper's 'GB' are GiB: 6.74e9 x 2 B = 12.55)"),
     ("torchtune README: Llama-3.1-8B QLoRA, batch 2, packed 2048", 7.4, GIB,
      ["model.preset=llama-3.1-8b", "model.dtype=bfloat16", "adapter.kind=qlora", "adapter.rank=8",
       "adapter.alpha=16", "precision=bf16", "memory.gradient_checkpointing=true",

@@ -21,7 +21,7 @@ not divided); activations stay per device; temporaries gain FSDP2's all-gather w
 set — one block's weights in full for the block running and one prefetched — and that
 block's unsharded gradients before their reduce-scatter.
 
-Hugging Face models deeper than ``EXACT_DEPTH`` are built (on meta) and traced with 1 and 2
+Hugging Face models deeper than ``EXACT_DEPTH`` are built (on meta) and traced with 2 and 3
 layers, and every quantity — weights, the trainable parameters, the traced bytes — is
 extrapolated linearly in depth (the blocks repeat), so a 70B model is planned in seconds.
 """
@@ -180,8 +180,11 @@ def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> 
         if full_depth is None or full_depth <= EXACT_DEPTH:
             _SIZING_CACHE[key] = _measure(config, None, example_batch, device)
         else:
-            one, two = (_measure(config, layers, example_batch, device) for layers in (1, 2))
-            _SIZING_CACHE[key] = _extrapolate(one, two, full_depth - 1)
+            # 2 and 3 layers, not 1 and 2: a 1-layer model's peak can fall in forward (its
+            # logits) while deeper ones peak in backward with grads of the layers above,
+            # and an increment between two different moments extrapolates to nonsense.
+            two, three = (_measure(config, layers, example_batch, device) for layers in (2, 3))
+            _SIZING_CACHE[key] = _extrapolate(two, three, full_depth - 2)
     return _SIZING_CACHE[key]
 
 
