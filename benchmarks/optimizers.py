@@ -65,7 +65,7 @@ SCALE = 0.25
 QUICK = LlamaShape(hidden=256, layers=4, heads=4, intermediate=688, vocab=2000)
 CATEGORIES = ("weights", "grads", "optimizer", "activations", "temporaries")
 
-PROJECTORS = ("svd", "randomized_svd", "online", "random")
+PROJECTORS = ("svd", "randomized_svd", "online", "random", "apollo_mini")
 # memfit's optimizers that write bf16 weights back with stochastic rounding.
 BF16_PURE_OPTIMIZERS = ("adamw", "galore")
 

@@ -15,7 +15,7 @@ micro-batch 8, ``--steps`` optimizer steps (80 = 640 examples, under one epoch),
 Full fine-tuning with adamw, adamw8bit (bitsandbytes), adafactor (torch), GaLore (rank 32
 of the 128-wide model, update_gap 20, scale 3 — see GALORE_SCALE; subspace_change
 reproject — see GALORE_SUBSPACE_CHANGE; inner adamw) with the online, randomized_svd and
-random projectors, layer-wise GaLore randomized_svd (micro-batch 4 x 2 accumulation steps:
+random projectors, APOLLO-Mini (rank 1, scale sqrt(128)), layer-wise GaLore randomized_svd (micro-batch 4 x 2 accumulation steps:
 the same 8 examples per step, accumulated as r x n projected gradients), and LoRA (r 8,
 alpha 16, all linear layers, adamw).
 
@@ -55,9 +55,9 @@ class Method:
     target: float | None = None  # eval loss at most (1 + target) x AdamW's
 
 
-def _galore(projector: str, **train: Any) -> dict[str, Any]:
+def _galore(projector: str, scale: float | None = None, **train: Any) -> dict[str, Any]:
     return {"optimizer": {"name": "galore", "galore": {
-        "projector": projector, "rank": 32, "update_gap": 20, "scale": GALORE_SCALE,
+        "projector": projector, "rank": 32, "update_gap": 20, "scale": scale or GALORE_SCALE,
         "subspace_change": GALORE_SUBSPACE_CHANGE}},
         **({"train": train} if train else {})}
 
@@ -77,6 +77,7 @@ GALORE_SCALE = 3.0
 # subspace (memfit's) 0.989; keep at its best lr of {2e-4, 3e-4, 4.5e-4} 0.991. More
 # refreshes hurt keep (update_gap 10: 1.038).
 GALORE_SUBSPACE_CHANGE = "reproject"
+APOLLO_MINI_SCALE = 128**0.5
 # Centres: Adam-type 3e-4 (a first sweep centred on 1e-3 kept its lowest lr); GaLore the
 # same (its matrices move GALORE_SCALE x faster); LoRA the demo's 3e-3 (its
 # zero-initialised B needs larger steps); torch Adafactor's lr caps a step that is
@@ -91,6 +92,8 @@ METHODS = (
     Method("GaLore online", _galore("online"), GALORE_LRS, 0.03),
     Method("GaLore randomized_svd", _galore("randomized_svd"), GALORE_LRS, 0.03),
     Method("GaLore random (APOLLO)", _galore("random"), GALORE_LRS),
+    # Rank 1 whatever optimizer.galore.rank says; the paper's scale sqrt(128) (Zhu et al. 2025).
+    Method("APOLLO-Mini", _galore("apollo_mini", scale=APOLLO_MINI_SCALE), GALORE_LRS),
     Method("GaLore randomized_svd, layer-wise, 4x2",
            {**_galore("randomized_svd", micro_batch_size=4, gradient_accumulation_steps=2),
             "optimizer": {**_galore("randomized_svd")["optimizer"], "layerwise": True}},
