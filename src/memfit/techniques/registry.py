@@ -225,7 +225,8 @@ TECHNIQUES: tuple[TechniqueSpec, ...] = (
         keys=("memory.optimizer_offload",),
         stage="optimizer", enabled=lambda config: config.memory.optimizer_offload,
         plan="plan.itemize counts the state, fp32 master weights and grads as host bytes, "
-             "and no step scratch on the device",
+             "and no step scratch on the device (on a CPU-only machine the host is the "
+             "device: nothing moves)",
         apply=_offload_optimizer),
 )
 
