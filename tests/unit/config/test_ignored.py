@@ -50,7 +50,7 @@ def test_a_complete_mapping_chooses_only_what_differs_from_the_default():
     ({"optimizer": {"name": "galore", "galore": {"projector": "apollo_mini", "rank": 8}}},
      "optimizer.galore.rank"),
     ({"optimizer": {"name": "torch.optim:SGD", "eps": 1e-6}}, "optimizer.eps"),
-    ({"optimizer": {"kwargs": {"momentum": 0.9}}}, "optimizer.kwargs"),
+    ({"optimizer": {"kwargs": {"momentum": 0.9}}}, "optimizer.kwargs.momentum"),
     ({"train": {"max_consecutive_skips": 2}}, "train.max_consecutive_skips"),
     ({"data": {"eval_path": "eval.jsonl", "eval_fraction": 0.2}}, "data.eval_fraction"),
     ({"data": {"label_field": "topic"}}, "data.label_field"),
