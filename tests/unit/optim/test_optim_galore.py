@@ -100,16 +100,19 @@ def test_conv_weight_is_projected_as_out_by_in_kernel() -> None:
     )
 
 
-def test_random_projector_is_apollo_and_stores_only_a_seed() -> None:
+def _apollo_against_oracle(projector: str, rank: int, scale: float, seed: int) -> GaLore:
+    """Steps GaLore and a hand-written APOLLO side by side (one projection period): P is
+    Gaussian N(0, 1/r) from the stored seed, Adam on R = P^T G, and the weight moves by the
+    raw gradient scaled per column (APOLLO) or as a whole (APOLLO-Mini, rank 1) by
+    ||Adam(R)|| / ||R||, its norm growing at most 1.01x per step."""
     torch.manual_seed(0)
-    rank, lr, scale = 3, 1e-2, 1.0
+    lr = 1e-2
     weight = torch.nn.Parameter(torch.randn(6, 10))
-    optimizer = GaLore(
-        [weight], lr=lr, rank=rank, update_gap=100, scale=scale, projector="random", seed=5
-    )
+    optimizer = GaLore([weight], lr=lr, rank=rank, update_gap=100, scale=scale,
+                       projector=projector, seed=seed)
+    used_rank = 1 if projector == "apollo_mini" else rank
     oracle = weight.detach().clone()
-    first_moment = torch.zeros(rank, 10)
-    second_moment = torch.zeros(rank, 10)
+    first_moment, second_moment = torch.zeros(used_rank, 10), torch.zeros(used_rank, 10)
     previous_norm = None
     for step, (inputs, targets) in enumerate(_batches(4, 10, 6), start=1):
         optimizer.zero_grad()
@@ -117,9 +120,8 @@ def test_random_projector_is_apollo_and_stores_only_a_seed() -> None:
         optimizer.step()
 
         state = optimizer.state[weight]
-        assert not any(isinstance(v, torch.Tensor) and v.shape == (6, rank) for v in state.values())
         generator = torch.Generator().manual_seed(state["projector_seed"])
-        basis = torch.randn(6, rank, generator=generator) / rank**0.5
+        basis = torch.randn(6, used_rank, generator=generator) / used_rank**0.5
         oracle_weight = oracle.clone().requires_grad_()
         _loss(oracle_weight, inputs, targets).backward()
         grad = oracle_weight.grad
@@ -127,12 +129,23 @@ def test_random_projector_is_apollo_and_stores_only_a_seed() -> None:
         first_moment = 0.9 * first_moment + 0.1 * projected
         second_moment = 0.999 * second_moment + 0.001 * projected**2
         adam = (first_moment / (1 - 0.9**step)) / ((second_moment / (1 - 0.999**step)).sqrt() + EPS)
-        update = grad * (adam.norm(dim=0) / (projected.norm(dim=0) + EPS))  # per column
+        if projector == "apollo_mini":  # one scale for the tensor
+            update = grad * (adam.norm() / (projected.norm() + EPS))
+        else:  # per column
+            update = grad * (adam.norm(dim=0) / (projected.norm(dim=0) + EPS))
         if previous_norm is not None and update.norm() > 1.01 * previous_norm:
             update = update * (1.01 * previous_norm / update.norm())
         previous_norm = update.norm()
         oracle = oracle - lr * scale * update
         torch.testing.assert_close(weight.detach(), oracle, rtol=1e-5, atol=1e-6)
+    return optimizer
+
+
+def test_random_projector_is_apollo_and_stores_only_a_seed() -> None:
+    rank = 3
+    optimizer = _apollo_against_oracle("random", rank=rank, scale=1.0, seed=5)
+    (state,) = optimizer.state.values()
+    assert not any(isinstance(v, torch.Tensor) and v.shape == (6, rank) for v in state.values())
 
     same_seed = torch.nn.Parameter(torch.zeros(6, 10))
     other = GaLore([same_seed], rank=rank, projector="random", seed=5)
@@ -143,39 +156,11 @@ def test_random_projector_is_apollo_and_stores_only_a_seed() -> None:
 
 
 def test_apollo_mini_is_rank_one_with_one_scale_per_tensor() -> None:
-    """APOLLO-Mini (Zhu et al. 2025): a rank-1 Gaussian projection whatever `rank` says, and
-    the raw gradient scaled as a whole by ||Adam(R)|| / ||R||, norm growth limited to 1.01x."""
-    torch.manual_seed(0)
-    lr, scale = 1e-2, 128**0.5
-    weight = torch.nn.Parameter(torch.randn(6, 10))
-    optimizer = GaLore([weight], lr=lr, rank=4, update_gap=100, scale=scale,
-                       projector="apollo_mini", seed=7)
-    oracle = weight.detach().clone()
-    first_moment, second_moment = torch.zeros(1, 10), torch.zeros(1, 10)
-    previous_norm = None
-    for step, (inputs, targets) in enumerate(_batches(5, 10, 6), start=1):
-        optimizer.zero_grad()
-        _loss(weight, inputs, targets).backward()
-        optimizer.step()
-
-        state = optimizer.state[weight]
-        generator = torch.Generator().manual_seed(state["projector_seed"])
-        basis = torch.randn(6, 1, generator=generator)  # N(0, 1/rank) with rank 1
-        oracle_weight = oracle.clone().requires_grad_()
-        _loss(oracle_weight, inputs, targets).backward()
-        grad = oracle_weight.grad
-        projected = basis.T @ grad  # 1 x 10
-        first_moment = 0.9 * first_moment + 0.1 * projected
-        second_moment = 0.999 * second_moment + 0.001 * projected**2
-        adam = (first_moment / (1 - 0.9**step)) / ((second_moment / (1 - 0.999**step)).sqrt() + EPS)
-        update = grad * (adam.norm() / (projected.norm() + EPS))  # one scale for the tensor
-        if previous_norm is not None and update.norm() > 1.01 * previous_norm:
-            update = update * (1.01 * previous_norm / update.norm())
-        previous_norm = update.norm()
-        oracle = oracle - lr * scale * update
-        torch.testing.assert_close(weight.detach(), oracle, rtol=1e-5, atol=1e-6)
-        assert {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)} == {
-            "exp_avg": (1, 10), "exp_avg_sq": (1, 10), "update_norm": ()}
+    """APOLLO-Mini (Zhu et al. 2025): rank 1 whatever `rank` says, the paper's scale."""
+    optimizer = _apollo_against_oracle("apollo_mini", rank=4, scale=128**0.5, seed=7)
+    (state,) = optimizer.state.values()
+    assert {k: tuple(v.shape) for k, v in state.items() if isinstance(v, torch.Tensor)} == {
+        "exp_avg": (1, 10), "exp_avg_sq": (1, 10), "update_norm": ()}
     assert GaLore.state_bytes((6, 10), optimizer.param_groups[0]) == 4 * (10 + 10 + 1)
 
 
