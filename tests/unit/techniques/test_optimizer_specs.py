@@ -62,9 +62,10 @@ def test_every_optimizer_name_has_a_spec() -> None:
         assert spec.name == name.value and spec.summary
 
 
-GALORE = [{"name": "galore", "galore": {"rank": 4, "projector": projector.value,
-                                        "inner": inner}}
-          for projector in GaloreProjector for inner in ("adamw",)] + [
+GALORE = [{"name": "galore", "galore": {"projector": projector.value, "inner": "adamw",
+                                        **({} if projector is GaloreProjector.APOLLO_MINI
+                                           else {"rank": 4})}}
+          for projector in GaloreProjector] + [
     {"name": "galore", "galore": {"rank": 4, "inner": "adamw8bit"}},
     {"name": "galore", "galore": {"rank": 4, "inner": "adafactor"}},
     {"name": "galore", "galore": {"rank": 4, "modules": ["mlp"]}}]
