@@ -9,7 +9,7 @@ import torch
 
 from memfit.config import from_mapping
 from memfit.config.schema import GaloreProjector, OptimizerName
-from memfit.plan import costs
+from memfit.plan import costs, next_cheaper
 from memfit.techniques.optimizers import SPECS, build_optimizer, spec_for
 from memfit.techniques.optimizers.groups import galore_targets
 
@@ -113,3 +113,7 @@ def test_the_ladder_asks_the_optimizer_spec() -> None:
         "optimizer.name": "adamw8bit"}
     galore8bit = _config({"name": "galore", "galore": {"inner": "adamw8bit"}})
     assert spec_for(galore8bit).cheaper(galore8bit) is None
+    # 8-bit AdamW cannot train bf16 weights: the ladder goes on to activation offload.
+    pure = _config({"name": "adamw"}, precision="bf16-pure", train={"micro_batch_size": 1},
+                   memory={"gradient_checkpointing": True, "chunked_loss": True})
+    assert next_cheaper(pure) == {"memory.activation_offload": True}

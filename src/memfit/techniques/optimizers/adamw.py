@@ -59,5 +59,7 @@ SPEC = OptimizerSpec(
     costs=per_param(_cost),
     step_scratch=_step_scratch,
     rounds_stochastically=True,
-    cheaper=lambda config: {"optimizer.name": "adamw8bit"},
+    # 8-bit AdamW rounds to nearest, so bf16-pure weights keep memfit's AdamW.
+    cheaper=lambda config: (None if config.precision is Precision.BF16_PURE
+                            else {"optimizer.name": "adamw8bit"}),
 )
