@@ -15,9 +15,10 @@ micro-batch 8, ``--steps`` optimizer steps (80 = 640 examples, under one epoch),
 Full fine-tuning with adamw, adamw8bit (bitsandbytes), adafactor (torch), GaLore (rank 32
 of the 128-wide model, update_gap 20, scale 3 — see GALORE_SCALE; subspace_change
 reproject — see GALORE_SUBSPACE_CHANGE; inner adamw) with the online, randomized_svd and
-random projectors, APOLLO-Mini (rank 1, scale sqrt(128)), layer-wise GaLore randomized_svd (micro-batch 4 x 2 accumulation steps:
-the same 8 examples per step, accumulated as r x n projected gradients), and LoRA (r 8,
-alpha 16, all linear layers, adamw).
+random projectors, APOLLO-Mini (rank 1, scale sqrt(128)), layer-wise GaLore
+randomized_svd (micro-batch 4 x 2 accumulation steps: the same 8 examples per step,
+accumulated as r x n projected gradients), and LoRA (r 8, alpha 16, all linear layers,
+adamw).
 
 Learning rate: each method tries three, a factor 3 apart around a centre suited to its
 update rule. The one kept is the one with the lowest training loss over the last quarter of
