@@ -49,6 +49,10 @@ def test_round_trip_through_plain_mapping():
     (config_with(data={"format": "tensors"}), "model.task=causal-lm needs data.format"),
     (config_with(distributed={"strategy": "fsdp"}, optimizer={"name": "galore"}),
      "distributed.strategy=fsdp cannot be combined with optimizer.name=galore"),
+    (config_with(optimizer={"name": "torch.optim:SGD", "kwargs": [0.9]}),
+     "optimizer.kwargs must be a mapping of name: value"),
+    (config_with(precision="bf16-pure", optimizer={"name": "torch.optim:SGD"}),
+     "precision=bf16-pure needs optimizer.name adamw or galore"),
 ])
 def test_bad_values_name_the_key_and_the_choices(raw, expected):
     with pytest.raises(ConfigError) as caught:

@@ -41,7 +41,7 @@ def _factory(config: Config) -> Factory:
     def make(groups: list[dict]) -> Optimizer:
         try:
             return cls(groups, **options)
-        except (TypeError, ValueError) as error:
+        except Exception as error:  # noqa: BLE001 - the user's optimizer failed; say which
             raise ConfigError(f"optimizer.name={config.optimizer.name!r} refused "
                               f"optimizer.kwargs={dict(config.optimizer.kwargs)}: "
                               f"{first_line(error)}") from None
