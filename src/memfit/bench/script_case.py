@@ -29,17 +29,12 @@ def memfit_training(config: Config, device: torch.device) -> ModelAndOptimizer:
     """memfit's model and optimizer for ``config``, built through the same technique stages
     as ``memfit.train`` (quantization, checkpointing, adapters; bf16-pure weights on the
     device; host offload around the optimizer), without a dataset."""
-    from memfit.techniques import registry
-    from memfit.techniques.optimizers import build_optimizer
-    from memfit.training.build import load_base, prepare_model, seed_everything
+    from memfit.training.build import load_base, place_and_optimize, prepare_model, seed_everything
 
     seed_everything(0)
     loaded = load_base(config)
     model, _ = prepare_model(loaded, config)
-    setting = registry.setting(model, config, loaded.is_transformers, device.type)
-    model = registry.apply_stage("device", model.to(device), setting)
-    optimizer = registry.apply_stage("optimizer", build_optimizer(model, config), setting)
-    return ModelAndOptimizer(model, optimizer)
+    return ModelAndOptimizer(*place_and_optimize(model, config, loaded.is_transformers, device))
 
 
 def peer_training(peer: str, folder: Path, config: Config,

@@ -147,6 +147,18 @@ def shard(model: nn.Module, setting: registry.Setting, device: torch.device) -> 
     return fsdp.shard(model, blocks, setting.config.precision, device)
 
 
+def place_and_optimize(model: nn.Module, config: Config, is_transformers: bool,
+                       device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """Steps 8-10 on a prepared model: the device stage (and FSDP2 sharding), then the
+    optimizer its spec builds, wrapped by the optimizer stage."""
+    setting = registry.setting(model, config, is_transformers, device.type)
+    if config.distributed.strategy is DistributedStrategy.FSDP:
+        model = shard(model, setting, device)
+    else:
+        model = registry.apply_stage("device", model.to(device), setting)
+    return model, registry.apply_stage("optimizer", build_optimizer(model, config), setting)
+
+
 def build_run(config: Config) -> Run:
     check_max_length(config)
     seed_everything(config.train.seed)
@@ -163,12 +175,7 @@ def build_run(config: Config) -> Run:
     if adapters is not None and distributed.is_main():  # the same on every rank
         print(f"memfit: {adapters.to_text()}", file=sys.stderr)
     device = distributed.device()
-    setting = _setting(model, config, loaded.is_transformers)
-    if config.distributed.strategy is DistributedStrategy.FSDP:
-        model = shard(model, setting, device)
-    else:
-        model = registry.apply_stage("device", model.to(device), setting)
-    optimizer = registry.apply_stage("optimizer", build_optimizer(model, config), setting)
+    model, optimizer = place_and_optimize(model, config, loaded.is_transformers, device)
     total_steps = total_optimizer_steps(config, len(splits.train))
     if distributed.is_main():
         warn_if_smaller_than_a_micro_batch(config, len(splits.train), total_steps)
