@@ -118,3 +118,40 @@ def test_a_wrong_class_path_is_one_line(tmp_path: Path, instructions: Path, name
     result = run_in_process(*command.split(), *arguments, cwd=tmp_path)
     assert_one_line_error(result, 2, *fragments)
     assert not (tmp_path / "run").exists()
+
+
+MEMO_OPTIMIZER = '''
+import torch
+
+
+class Memo:
+    count = 0
+
+
+class MemoSGD(torch.optim.Optimizer):
+    def __init__(self, params, lr=1e-3):
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    self.state[p].setdefault("memo", Memo())
+                    p.add_(p.grad, alpha=-group["lr"])
+'''
+
+
+def test_state_a_checkpoint_cannot_restore_stops_after_the_first_step(
+        tmp_path: Path, instructions: Path) -> None:
+    """Found at the first checkpoint instead, it was a pickling traceback after every step
+    before it had run."""
+    (tmp_path / "memo_sgd.py").write_text(MEMO_OPTIMIZER)
+    arguments = tiny_run_arguments(instructions, tmp_path / "run", "train.max_steps=50",
+                                   f"optimizer.name={tmp_path / 'memo_sgd.py'}:MemoSGD",
+                                   "log.tensorboard=false")
+    result = run_in_process("train", *arguments, cwd=tmp_path)
+    assert_one_line_error(result, 2, "keeps a Memo in its state ('memo')",
+                          "torch.load(weights_only=True)")
+    logged = [record["step"] for record in read_metrics(tmp_path / "run") if "loss" in record]
+    assert logged == []  # stopped inside step 1, before it was logged

@@ -40,13 +40,49 @@ def _factory(config: Config) -> Factory:
 
     def make(groups: list[dict]) -> Optimizer:
         try:
-            return cls(groups, **options)
+            optimizer = cls(groups, **options)
         except Exception as error:  # noqa: BLE001 - the user's optimizer failed; say which
             raise ConfigError(f"optimizer.name={config.optimizer.name!r} refused "
                               f"optimizer.kwargs={dict(config.optimizer.kwargs)}: "
                               f"{first_line(error)}") from None
+        _check_state_after_first_step(optimizer, config.optimizer.name)
+        return optimizer
 
     return make
+
+
+# What torch.load(weights_only=True) restores, and so what a checkpoint can hold.
+_RESTORABLE = (torch.Tensor, int, float, complex, bool, str, bytes, type(None))
+
+
+def _check_state_after_first_step(optimizer: Optimizer, name: str) -> None:
+    """After its first step, refuse an optimizer whose state holds something a checkpoint
+    cannot restore (found at the first checkpoint, it would stop the run with a pickling
+    traceback after all the steps before it)."""
+    def check(optimizer: Optimizer, args: object, kwargs: object) -> None:
+        handle.remove()
+        for state in optimizer.state.values():
+            for key, value in state.items():
+                odd = _unrestorable(value)
+                if odd is not None:
+                    raise ConfigError(
+                        f"optimizer.name={name!r} keeps a {type(odd).__name__} in its state "
+                        f"({key!r}), which a checkpoint cannot restore with "
+                        "torch.load(weights_only=True); keep tensors and numbers in "
+                        "optimizer.state")
+
+    handle = optimizer.register_step_post_hook(check)
+
+
+def _unrestorable(value: object) -> object | None:
+    """The first value inside ``value`` (lists, tuples, dicts walked) that is not one of
+    the restorable types, or None."""
+    if isinstance(value, (list, tuple)):
+        return next((odd for item in value if (odd := _unrestorable(item)) is not None), None)
+    if isinstance(value, dict):
+        return next((odd for item in (*value.keys(), *value.values())
+                     if (odd := _unrestorable(item)) is not None), None)
+    return None if isinstance(value, _RESTORABLE) else value
 
 
 def _costs(params: list[Param], config: Config) -> list[ParamCost]:
