@@ -157,7 +157,7 @@ def build_unvalidated(cls: type, raw: Any, prefix: str = "") -> Any:
             raise ConfigError(_unknown_key_message(f"{prefix}{key}", key, list(fields)))
     values = {}
     for name, value in raw.items():
-        values[name] = _convert(hints[name], value, f"{prefix}{name}")
+        values[name] = convert_value(hints[name], value, f"{prefix}{name}")
     return cls(**values)
 
 
@@ -169,10 +169,6 @@ def _unknown_key_message(full_key: str, key: str, choices: list[str]) -> str:
 
 def convert_value(hint: Any, value: Any, key: str) -> Any:
     """Coerce one raw value to the type hint, or raise a ConfigError naming the key."""
-    return _convert(hint, value, key)
-
-
-def _convert(hint: Any, value: Any, key: str) -> Any:
     origin = typing.get_origin(hint)
     args = typing.get_args(hint)
     if origin in (typing.Union, types.UnionType):
@@ -181,10 +177,10 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         options = [arg for arg in args if arg is not type(None)]
         for option in options[:-1]:  # e.g. int | str: the first type that fits wins
             try:
-                return _convert(option, value, key)
+                return convert_value(option, value, key)
             except ConfigError:
                 continue
-        return _convert(options[-1], value, key)
+        return convert_value(options[-1], value, key)
     if dataclasses.is_dataclass(hint):
         return build_unvalidated(hint, value, prefix=f"{key}.")
     if isinstance(hint, type) and issubclass(hint, Enum):
@@ -203,10 +199,10 @@ def _convert(hint: Any, value: Any, key: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{key} must be a list, got {value!r}")
         if len(args) == 2 and args[1] is Ellipsis:
-            return tuple(_convert(args[0], item, key) for item in value)
+            return tuple(convert_value(args[0], item, key) for item in value)
         if len(value) != len(args):
             raise ConfigError(f"{key} must be a list of {len(args)} values, got {value!r}")
-        return tuple(_convert(arg, item, key) for arg, item in zip(args, value, strict=True))
+        return tuple(convert_value(arg, item, key) for arg, item in zip(args, value, strict=True))
     return _convert_scalar(hint, value, key)
 
 

@@ -59,7 +59,7 @@ def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int =
 def test_every_optimizer_name_has_a_spec() -> None:
     assert set(SPECS) == set(OptimizerName)
     for name, spec in SPECS.items():
-        assert spec.name == name.value and spec.summary
+        assert spec.name == name.value
 
 
 GALORE = [{"name": "galore", "galore": {"projector": projector.value, "inner": "adamw",

@@ -31,7 +31,6 @@ def _cost(param: Param, config: Config) -> ParamCost:
 
 
 SPEC = OptimizerSpec(
-    name="adafactor", summary="Adafactor (torch): factored second moment, no first moment",
-    factory=_factory, costs=per_param(_cost),
+    name="adafactor", factory=_factory, costs=per_param(_cost),
     fsdp_refusal="its factored second moment updates whole rows and columns in place, which "
                  "sharded DTensor parameters do not support")

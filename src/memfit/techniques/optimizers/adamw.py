@@ -17,6 +17,7 @@ from memfit.techniques.optimizers.spec import (
     OptimizerSpec,
     Param,
     ParamCost,
+    largest_scratch,
     per_param,
 )
 
@@ -45,8 +46,8 @@ def _cost(param: Param, config: Config) -> ParamCost:
 
 
 def _step_scratch(params: list[Param], costs: list[ParamCost], config: Config) -> int:
-    if config.precision is Precision.BF16_PURE:
-        return max((cost.scratch for cost in costs), default=0)
+    if config.precision is Precision.BF16_PURE:  # one parameter's row chunks at a time
+        return largest_scratch(params, costs, config)
     # The parameter groups (decayed matrices, the rest) are stepped one after the other.
     groups = ([p.nbytes for p in params if p.decayed], [p.nbytes for p in params if not p.decayed])
     return step_scratch_bound(groups)
@@ -54,7 +55,6 @@ def _step_scratch(params: list[Param], costs: list[ParamCost], config: Config) -
 
 SPEC = OptimizerSpec(
     name="adamw",
-    summary="AdamW (torch; memfit's with stochastic rounding for bf16-pure)",
     factory=_factory,
     costs=per_param(_cost),
     step_scratch=_step_scratch,

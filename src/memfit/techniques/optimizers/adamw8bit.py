@@ -49,9 +49,7 @@ def _cost(param: Param, config: Config) -> ParamCost:
     return ParamCost(state, 3 * 4 * numel, param.nbytes)
 
 
-SPEC = OptimizerSpec(
-    name="adamw8bit", summary="8-bit AdamW (bitsandbytes)", factory=_factory(paged=False),
-    costs=per_param(_cost), fsdp_refusal=_FSDP_REFUSAL)
-PAGED_SPEC = OptimizerSpec(
-    name="paged_adamw8bit", summary="8-bit AdamW with state paged to the host (bitsandbytes, CUDA)",
-    factory=_factory(paged=True), costs=per_param(_cost), fsdp_refusal=_FSDP_REFUSAL)
+SPEC = OptimizerSpec(name="adamw8bit", factory=_factory(paged=False), costs=per_param(_cost),
+                     fsdp_refusal=_FSDP_REFUSAL)
+PAGED_SPEC = OptimizerSpec(name="paged_adamw8bit", factory=_factory(paged=True),
+                           costs=per_param(_cost), fsdp_refusal=_FSDP_REFUSAL)

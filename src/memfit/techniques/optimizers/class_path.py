@@ -109,6 +109,4 @@ def _costs(params: list[Param], config: Config) -> list[ParamCost]:
 
 
 def spec(config: Config) -> OptimizerSpec:
-    return OptimizerSpec(name=config.optimizer.name,
-                         summary="a torch.optim.Optimizer named by its class path",
-                         factory=_factory, costs=_costs)
+    return OptimizerSpec(name=config.optimizer.name, factory=_factory, costs=_costs)

@@ -51,13 +51,14 @@ def _factory(config: Config) -> Factory:
 
 
 def _refresh_scratch(projector: str, small: int, rank: int, large: int) -> int:
+    svd = 4 * (small * small + small + small * large)  # U, S, V^T of an s x l g
     if projector == GaloreProjector.SVD.value:
-        return 4 * (small * small + small + small * large)
+        return svd
     if projector == GaloreProjector.RANDOMIZED_SVD.value:
         sketch = min(rank + _SKETCH_OVERSAMPLE, small)
         return 4 * sketch * (2 * large + 2 * small + large)
     if projector == GaloreProjector.ONLINE.value:  # its first refresh is an SVD
-        return max(3 * 4 * small * large, 4 * (small * small + small + small * large))
+        return max(3 * 4 * small * large, svd)
     return 4 * small * rank
 
 
@@ -92,9 +93,8 @@ def _cheaper(config: Config) -> dict | None:
 
 
 SPEC = OptimizerSpec(
-    name="galore",
-    summary="GaLore family (memfit): svd, randomized_svd, online, random (APOLLO), apollo_mini",
-    factory=_factory, costs=per_param(_cost), targets=_targets, rounds_stochastically=True,
+    name="galore", factory=_factory, costs=per_param(_cost), targets=_targets,
+    rounds_stochastically=True,
     fsdp_refusal="its projector is an SVD of each whole weight matrix, which FSDP2 splits "
                  "across processes",
     cheaper=_cheaper)

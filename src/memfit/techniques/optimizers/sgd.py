@@ -7,6 +7,6 @@ import torch
 from memfit.techniques.optimizers.spec import OptimizerSpec, ParamCost, per_param
 
 SPEC = OptimizerSpec(
-    name="sgd", summary="SGD without momentum (torch)",
+    name="sgd",
     factory=lambda config: lambda groups: torch.optim.SGD(groups, lr=config.optimizer.lr),
     costs=per_param(lambda param, config: ParamCost(0, 0, param.nbytes)))

@@ -65,7 +65,6 @@ def largest_scratch(params: list[Param], costs: list[ParamCost], config: Config)
 @dataclass(frozen=True)
 class OptimizerSpec:
     name: str  # optimizer.name
-    summary: str  # one line for docs/optimizers.md and errors
     # optimizer.* (and precision) -> a factory over parameter groups; raises ConfigError
     # where this machine cannot run it.
     factory: Callable[[Config], Factory]
