@@ -61,8 +61,8 @@ BEST_QLORA, PEER_QLORA = "QLoRA + ckpt + chunked + act. offload", "peer: PEFT QL
 def run_case(case: Case, folder: Path, steps: int, device: torch.device) -> dict:
     from memfit.monitor.memory import make_memory_meter
     from memfit.techniques.activation_offload import ActivationOffload
+    from memfit.techniques.precision import autocast
     from memfit.training.objective import Objective
-    from memfit.training.precision import autocast
 
     config = case_config(folder, {"adapter.rank": RANK, "adapter.alpha": ALPHA,
                                   "optimizer.lr": LR, "adapter.targets": "[all-linear]",

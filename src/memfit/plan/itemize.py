@@ -37,14 +37,14 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision
+from memfit.config.schema import AdapterKind, Config, DistributedStrategy
 from memfit.plan import costs, meta
 from memfit.plan.trace import TraceResult, trace_micro_batch
 from memfit.plan.workload import ExampleBatch, workload
+from memfit.techniques.precision import AUTOCAST_DTYPES
 from memfit.techniques.quantize_stand_in import quantized_path
 
 EXACT_DEPTH = 4
-AUTOCAST = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,8 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
     with torch.device("meta"):
         batch_bytes = sum(tensor.numel() * tensor.element_size()
                           for tensor in make_batch().values() if isinstance(tensor, torch.Tensor))
-    trace = trace_micro_batch(built.model, make_batch, loss_sum, AUTOCAST.get(config.precision),
+    trace = trace_micro_batch(built.model, make_batch, loss_sum,
+                              AUTOCAST_DTYPES.get(config.precision),
                               config.memory.activation_offload)
     return _Sizing(weights, params, trace, *_block_bytes(built.model), batch_bytes)
 

@@ -207,7 +207,7 @@ TECHNIQUES: tuple[TechniqueSpec, ...] = (
         stage="step",
         enabled=lambda config: config.precision in (Precision.BF16, Precision.FP16),
         plan="plan.itemize traces the micro-batch under the autocast training.loop runs "
-             "forward in (training.precision; fp16 adds build's grad scaler)"),
+             "forward in (techniques.precision; fp16 adds build's grad scaler)"),
     TechniqueSpec(
         name="chunked loss",
         keys=("memory.chunked_loss", "memory.loss_chunk_tokens"),

@@ -43,8 +43,8 @@ from memfit.techniques import checkpointing, registry
 from memfit.techniques.activation_offload import ActivationOffload
 from memfit.techniques.adapter_map import AdapterMap, adapter_map
 from memfit.techniques.optimizers import build_optimizer
+from memfit.techniques.precision import grad_scaler
 from memfit.training.objective import Objective
-from memfit.training.precision import grad_scaler
 from memfit.training.schedule import build_scheduler
 
 

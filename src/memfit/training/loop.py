@@ -46,11 +46,11 @@ from memfit.config.schema import AdapterKind
 from memfit.monitor.memory import MemoryMeter, StepMemory
 from memfit.monitor.metrics import MetricsLogger
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer
+from memfit.techniques.precision import autocast
 from memfit.training.batches import BatchStream, eval_batches
 from memfit.training.build import Run
 from memfit.training.interrupts import Interrupted, StopRequests
 from memfit.training.nonfinite import DivergenceGuard, Verdict
-from memfit.training.precision import autocast
 from memfit.training.recovery import Rung, next_rung, rebuild, smaller_eval_batch
 from memfit.training.step import (
     OptimizerStepOutOfMemory,

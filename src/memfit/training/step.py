@@ -32,9 +32,9 @@ from memfit import distributed
 from memfit.config.schema import Precision
 from memfit.optim.backward_projection import clip_grad_norm_
 from memfit.techniques import lora
+from memfit.techniques.precision import autocast
 from memfit.training.build import Run
 from memfit.training.nonfinite import Verdict
-from memfit.training.precision import autocast
 
 Batch = dict[str, torch.Tensor]
 
