@@ -125,6 +125,7 @@ class NonfiniteAction(Choice):
 
 class DistributedStrategy(Choice):
     NONE = "none"
+    DDP = "ddp"
     FSDP = "fsdp"
 
 
@@ -456,8 +457,11 @@ class TrainConfig:
 
 @dataclass(frozen=True)
 class DistributedConfig:
-    strategy: DistributedStrategy = doc("none or fsdp (FSDP2 via torchrun).",
-                                        default=DistributedStrategy.NONE)
+    strategy: DistributedStrategy = doc(
+        "none, ddp (DistributedDataParallel: every process holds the whole model) or fsdp "
+        "(FSDP2: weights, gradients and state sharded); launch with --nproc N, torchrun or "
+        "accelerate launch.",
+        default=DistributedStrategy.NONE)
     nproc: int = doc("Processes to launch on this machine.", default=1)
 
 
