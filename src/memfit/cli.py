@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue the run in RUN_DIR from its newest checkpoint")
     train.add_argument("--nproc", type=int, metavar="N",
                        help="start N processes on this machine with torch.distributed.run "
-                            "(sets distributed.nproc; needs distributed.strategy=fsdp)")
+                            "(sets distributed.nproc; needs distributed.strategy=ddp or fsdp)")
     _add_debug(train)
     train.set_defaults(handler=_command_train)
 

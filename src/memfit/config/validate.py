@@ -232,9 +232,11 @@ def _check_distributed(config: Config) -> None:
     strategy, nproc = config.distributed.strategy, config.distributed.nproc
     if strategy is DistributedStrategy.NONE:
         if nproc > 1:
-            raise ConfigError(f"distributed.nproc={nproc} needs distributed.strategy=fsdp "
-                              "(memfit trains on several processes by sharding with FSDP2)")
+            raise ConfigError(f"distributed.nproc={nproc} needs distributed.strategy=ddp "
+                              "(every process holds the whole model) or fsdp (sharded)")
         return
+    if strategy is DistributedStrategy.DDP:
+        return  # every optimizer and technique works under data parallel
     why = fsdp_incompatibility(config)
     if why is not None:
         raise ConfigError(f"distributed.strategy=fsdp cannot be combined with {why}")

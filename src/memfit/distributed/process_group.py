@@ -1,7 +1,7 @@
 """The process group and rank helpers. Every helper is a no-op (or the obvious answer)
 when training is not distributed, so the single-process loop calls them unconditionally.
 
-A run with ``distributed.strategy=fsdp`` always has a process group: from torchrun's
+A run with ``distributed.strategy=ddp`` or ``fsdp`` always has a process group: from torchrun's
 environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)
 when launched, or a one-process group (an in-memory store, no network) otherwise, so the
 same sharded code path and checkpoint format serve one process and many.
@@ -31,12 +31,13 @@ def launched_world_size() -> int | None:
 
 
 def setup(config: Config) -> None:
-    """Join (or create) the process group a ``distributed.strategy=fsdp`` run needs."""
+    """Join (or create) the process group a ``distributed.strategy=ddp|fsdp`` run needs."""
     world = launched_world_size()
     if config.distributed.strategy is DistributedStrategy.NONE:
         if world is not None and world > 1:
             raise ConfigError(f"launched as {world} processes (WORLD_SIZE={world}) but "
-                              "distributed.strategy=none; set distributed.strategy=fsdp")
+                              "distributed.strategy=none; set distributed.strategy=ddp (each process "
+                              "holds the whole model) or fsdp (sharded)")
         return
     if world is None and config.distributed.nproc > 1:
         raise ConfigError(f"distributed.nproc={config.distributed.nproc}: start the processes "
