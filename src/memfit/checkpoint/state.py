@@ -4,14 +4,17 @@ exactly as if never interrupted:
 - ``trainable.safetensors``  the parameters that train (all weights, or only adapters)
 - ``buffers.safetensors``    the model's persistent buffers (BatchNorm running statistics)
 - ``optimizer.pt``, ``scheduler.pt``, ``scaler.pt``  their state_dicts (tensors + numbers)
-- ``rng.pt``                  torch / CUDA / Python / NumPy generator states
+- ``rng.pt``                  torch / CUDA / Python / NumPy generator states (``rng-R.pt``,
+                              one per rank, when distributed)
 - ``trainer_state.json``      step, examples consumed (the data position), tokens seen
 - ``config.yaml``, ``data.json``  the run's configuration and data files (sizes, SHA-256)
                               these weights were trained with
 - ``manifest.json``           the kind, the step, every file's size and SHA-256 (manifest.py)
 
 Everything loads with safetensors or ``torch.load(weights_only=True)``: no pickled code.
-A model sharded with FSDP2 writes a sharded checkpoint instead of ``trainable.safetensors``,
+Data parallel (distributed.strategy=ddp) writes this same single-process checkpoint from
+rank 0 (every rank holds the same weights and state), so it resumes on any number of
+processes. A model sharded with FSDP2 writes a sharded checkpoint instead of ``trainable.safetensors``,
 ``buffers.safetensors`` and ``optimizer.pt`` (memfit/distributed/checkpoint.py); the
 manifest's kind says which one a folder is. A folder is loaded only once it matches its
 manifest, and only the files the manifest lists are read.
@@ -102,16 +105,16 @@ def save_checkpoint(run_dir: Path, state: TrainerState, model: nn.Module, optimi
     final = root / f"step-{state.step}"
     index.refuse_foreign(final)  # on every rank, so that all of them stop
     sharded = is_sharded(model)
-    with (sharded_checkpoint.shared_staged_folder(final) if sharded
+    with (sharded_checkpoint.shared_staged_folder(final) if distributed.is_distributed()
           else staged_folder(final)) as folder:
         if sharded:  # collective: every rank writes its shards
             sharded_checkpoint.save(folder, model, optimizer)
-            _save_torch(_rng_state(), folder / f"rng-{distributed.rank()}.pt")
-        else:
+        elif distributed.is_main():  # data parallel: every rank holds the same state
             save_file(trainable_state(model), folder / "trainable.safetensors")
             save_file(buffer_state(model), folder / "buffers.safetensors")
             _save_torch(optimizer.state_dict(), folder / "optimizer.pt")
-            _save_torch(_rng_state(), folder / "rng.pt")
+        rng_file = f"rng-{distributed.rank()}.pt" if distributed.is_distributed() else "rng.pt"
+        _save_torch(_rng_state(), folder / rng_file)
         if distributed.is_main():
             _save_torch(scheduler.state_dict(), folder / "scheduler.pt")
             if scaler is not None:

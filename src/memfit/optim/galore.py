@@ -246,9 +246,12 @@ class GaLore(StatePreservingOptimizer):
         return self.accumulation_shape_of(tuple(param.shape), group)
 
     def refresh_pending(self, param: torch.Tensor) -> bool:
-        """Whether the next step of `param` computes a new P from its gradient."""
+        """Whether the next projection of `param`'s gradient computes a new P from it (its
+        step is due a refresh that has not happened yet)."""
         group, _ = self.locate(param)
-        return self._refresh_due(self.state[param], group)
+        state = self.state[param]
+        return (state.get("projector_step") != state.get("step", 0)
+                and self._refresh_due(state, group))
 
     @staticmethod
     def _refresh_due(state: dict[str, Any], group: dict[str, Any]) -> bool:

@@ -46,6 +46,16 @@ parameters were stepped. `grad_norm` reports the pre-clip global norm sqrt(sum |
 over the gradients the inner optimizers consumed (||R|| where R was consumed: a lower
 bound on ||G||).
 
+Several processes (``reduce_across_processes(all_reduce)``, set by memfit's data
+parallel): a parameter's gradient (full, or R) is summed over the processes before its
+update. On the last micro-batch its hook starts an asynchronous all-reduce and finishes
+the PREVIOUS parameter (wait, clip, step), so one reduction is in flight while the next
+gradient is computed and at most one more full-size gradient is alive than with one
+process; ``step()`` finishes the last. A step that refreshes GaLore's P from a micro-batch
+gradient ("micro_batch") takes it from that gradient's sum over the processes (a copy,
+reduced synchronously), so every process derives the same P; each process then projects
+its own gradient, and the R buffers are summed at the end as above.
+
 fp16 with torch.amp.GradScaler is not supported: gradients are consumed before the scaler
 could unscale them or check them for inf. Reject that combination at config time.
 """
@@ -54,7 +64,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import torch
 from torch.optim import Optimizer
@@ -63,6 +73,16 @@ from memfit._utils.errors import ConfigError
 from memfit.optim.galore import GaLore
 
 REFRESH_CHOICES: tuple[str, ...] = ("micro_batch", "full_gradient")
+
+
+class Reduction(Protocol):
+    """A started in-place all-reduce (``torch.distributed.Work``)."""
+
+    def wait(self) -> Any: ...
+
+
+# (index, parameter, gradient being reduced, projected, its reduction)
+_Pending = tuple[int, torch.Tensor, torch.Tensor, bool, Reduction]
 
 
 class LayerwiseOptimizer(Optimizer):
@@ -100,6 +120,8 @@ class LayerwiseOptimizer(Optimizer):
         self._buffers: dict[int, torch.Tensor] = {}
         # 0-d fp32 tensors, one per stepped parameter; summed (one host sync) in step().
         self._squared_norms: list[torch.Tensor] = []
+        self._all_reduce: Callable[[torch.Tensor], Reduction] | None = None
+        self._pending: _Pending | None = None
 
         user_groups = list(params)
         if user_groups and not isinstance(user_groups[0], dict):
@@ -132,6 +154,11 @@ class LayerwiseOptimizer(Optimizer):
     def inner_optimizers(self) -> list[Optimizer]:
         """The per-parameter optimizers, in parameter order."""
         return list(self._optimizers)
+
+    def reduce_across_processes(self, all_reduce: Callable[[torch.Tensor], Reduction]) -> None:
+        """Sum every gradient over the processes before its update: ``all_reduce(t)``
+        starts an in-place sum of ``t`` and returns a handle to wait on."""
+        self._all_reduce = all_reduce
 
     def begin_micro_batch(self, index: int) -> None:
         """Declare that the next backward is micro-batch `index` of
@@ -206,7 +233,15 @@ class LayerwiseOptimizer(Optimizer):
         grad, param.grad = param.grad, None
         projected = self._uses_projected_buffer(index, param)
         if projected:
-            grad = self._optimizers[index].project_gradient(param, grad)
+            inner = self._optimizers[index]
+            if self._all_reduce is not None and inner.refresh_pending(param):
+                # This projection computes P: from the sum over processes, so that all
+                # of them derive the same P; each then projects its own gradient.
+                summed = grad.clone()
+                self._all_reduce(summed).wait()
+                inner.project_gradient(param, summed)
+                del summed
+            grad = inner.project_gradient(param, grad)
         self._consume(index, param, grad, projected)
 
     def _consume(self, index: int, param: torch.Tensor, grad: torch.Tensor,
@@ -221,6 +256,23 @@ class LayerwiseOptimizer(Optimizer):
         ):
             self._buffers[index] = grad
             return
+        if self._all_reduce is None:
+            self._clip_and_step(index, param, grad, projected)
+            return
+        started = (index, param, grad, projected, self._all_reduce(grad))
+        self._finish_pending()
+        self._pending = started
+
+    def _finish_pending(self) -> None:
+        """Wait for the reduction in flight, then update its parameter."""
+        if self._pending is not None:
+            index, param, grad, projected, reduction = self._pending
+            self._pending = None
+            reduction.wait()
+            self._clip_and_step(index, param, grad, projected)
+
+    def _clip_and_step(self, index: int, param: torch.Tensor, grad: torch.Tensor,
+                       projected: bool) -> None:
         norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
         self._squared_norms.append(norm.square())
         if self.max_grad_norm is not None:
@@ -255,6 +307,7 @@ class LayerwiseOptimizer(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._finish_pending()
         if self._buffers:
             raise RuntimeError(
                 f"LayerwiseOptimizer.step() with {len(self._buffers)} gradients still "

@@ -56,6 +56,9 @@ class RunResult:
     losses: dict[int, float] = field(default_factory=dict)
     eval_losses: dict[int, float] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    # This process's highest measured training step (tensor bytes) in this call; the
+    # summary (rank 0's) covers the whole run. None when no step was measured.
+    peak_bytes: int | None = None
 
 
 def _as_config(config: Config | dict | str | Path) -> Config:
@@ -70,7 +73,7 @@ def train(config: Config | dict | str | Path, resume: str | Path | None = None) 
     """Train from a Config, a mapping shaped like the YAML file, or a YAML path.
 
     ``resume``: a run folder; training continues from its newest checkpoint.
-    With distributed.strategy=fsdp this joins (or creates) the process group first.
+    With distributed.strategy=ddp or fsdp this joins (or creates) the process group first.
     """
     config = _as_config(config)
     distributed.setup(config)
@@ -221,8 +224,10 @@ def _train_in(run: Run, run_dir: Path, state: TrainerState, resumed_from: int | 
         bar.close()
         logger.close()
     full_state = gathered_state_dict(run.model)  # collective; None when not sharded
+    peak_bytes = result.peak.peak_bytes if result.peak is not None else None
     if not main:
-        return RunResult(run_dir, result.state.step, result.losses, result.eval_losses)
+        return RunResult(run_dir, result.state.step, result.losses, result.eval_losses,
+                         peak_bytes=peak_bytes)
     records = read_metrics(run_dir)
     measured = [r for r in records if RECORD_PEAK_KEY in r]
     if measured:
@@ -234,7 +239,8 @@ def _train_in(run: Run, run_dir: Path, state: TrainerState, resumed_from: int | 
     if choice:
         summary["auto_fit"] = choice
     write_text(run_dir / "summary.json", strict_json(summary, indent=2))
-    return RunResult(run_dir, result.state.step, result.losses, result.eval_losses, summary)
+    return RunResult(run_dir, result.state.step, result.losses, result.eval_losses, summary,
+                     peak_bytes)
 
 
 def _peak(records: list[dict[str, Any]], result) -> tuple[int, dict[str, int]] | None:

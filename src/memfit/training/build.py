@@ -12,8 +12,9 @@
 6. "did it apply?" checks     (each technique's check_applied; warnings are printed)
 7. device                     (cuda when present, else cpu; a process's own GPU when distributed)
 8. techniques, device stage   (bf16-pure weights; before FSDP2 sharding when sharded)
-9. FSDP2 sharding             (distributed.strategy=fsdp; memfit.distributed.fsdp)
+9. the distribution strategy  (distributed.strategies: FSDP2 sharding for fsdp)
 10. optimizer, techniques of the optimizer stage (host offload), lr schedule, grad scaler
+11. replicas                  (distributed.strategy=ddp: DDP and memfit's own reductions)
 
 Nothing here writes to disk: a bad config or data file fails before a run folder exists.
 """
@@ -32,14 +33,15 @@ import torch
 from torch import nn
 
 from memfit import distributed
-from memfit.config.schema import AdapterKind, Config, DistributedStrategy
+from memfit.config.schema import AdapterKind, Config
 from memfit.data import Splits, build_datasets, collate
-from memfit.distributed import fsdp
+from memfit.distributed.ddp import Replicas
+from memfit.distributed.strategies import strategy_for
 from memfit.models.classifier import with_classes
 from memfit.models.export_module import exported_module
 from memfit.models.load import LoadedModel, load_model
 from memfit.plan.context import check_max_length
-from memfit.techniques import checkpointing, registry
+from memfit.techniques import registry
 from memfit.techniques.activation_offload import ActivationOffload
 from memfit.techniques.adapter_map import AdapterMap, adapter_map
 from memfit.techniques.optimizers import build_optimizer
@@ -65,6 +67,7 @@ class Run:
     eval_batch_size: int = 0  # 0: train.micro_batch_size; OOM in evaluation halves it
     activation_offload: ActivationOffload | None = None  # made for the device; enabled by config
     adapter_map: AdapterMap | None = None  # what got adapters; None without adapters
+    replicas: Replicas | None = None  # distributed.strategy=ddp: how gradients are summed
 
     def __post_init__(self) -> None:
         self.eval_batch_size = self.eval_batch_size or self.config.train.micro_batch_size
@@ -138,24 +141,13 @@ def prepare_model(loaded: LoadedModel, config: Config) -> tuple[nn.Module, list[
     return model, registry.check_applied(model, config)
 
 
-def shard(model: nn.Module, setting: registry.Setting, device: torch.device) -> nn.Module:
-    """Steps 8 and 9: FSDP2 units on the blocks checkpointing would choose (decoder layers,
-    or memory.checkpoint_modules for plain modules) and the root; shards move to
-    ``device``. The device stage (bf16-pure) comes first: FSDP2 keeps the dtype it shards."""
-    model = registry.apply_stage("device", model, setting)
-    blocks = checkpointing.choose_blocks(model, setting.config.memory)
-    return fsdp.shard(model, blocks, setting.config.precision, device)
-
-
 def place_and_optimize(model: nn.Module, config: Config, is_transformers: bool,
                        device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
-    """Steps 8-10 on a prepared model: the device stage (and FSDP2 sharding), then the
-    optimizer its spec builds, wrapped by the optimizer stage."""
+    """Steps 8-10 on a prepared model: the device stage as the distribution strategy holds
+    the model (whole, or sharded by FSDP2), then the optimizer its spec builds, wrapped by
+    the optimizer stage."""
     setting = registry.setting(model, config, is_transformers, device.type)
-    if config.distributed.strategy is DistributedStrategy.FSDP:
-        model = shard(model, setting, device)
-    else:
-        model = registry.apply_stage("device", model.to(device), setting)
+    model = strategy_for(config).place(model, setting, device)
     return model, registry.apply_stage("optimizer", build_optimizer(model, config), setting)
 
 
@@ -176,6 +168,7 @@ def build_run(config: Config) -> Run:
         print(f"memfit: {adapters.to_text()}", file=sys.stderr)
     device = distributed.device()
     model, optimizer = place_and_optimize(model, config, loaded.is_transformers, device)
+    replicas = strategy_for(config).replicas(model, optimizer, config, device)
     total_steps = total_optimizer_steps(config, len(splits.train))
     if distributed.is_main():
         warn_if_smaller_than_a_micro_batch(config, len(splits.train), total_steps)
@@ -187,5 +180,5 @@ def build_run(config: Config) -> Run:
         objective=Objective.for_config(config, loaded.loss_function),
         optimizer=optimizer, scheduler=scheduler,
         scaler=grad_scaler(config.precision, device), device=device, total_steps=total_steps,
-        adapter_map=adapters,
+        adapter_map=adapters, replicas=replicas,
     )

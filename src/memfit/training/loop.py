@@ -17,7 +17,7 @@ retries the same step from the same examples; an OOM in evaluation halves the ev
 
 Distributed (memfit.distributed): each rank runs its share of every micro-batch; ``items``
 and the step loss are summed over ranks, so the loss is normalised over the GLOBAL
-effective batch and FSDP sums (not averages) the gradients; the verdict on a non-finite step
+effective batch and FSDP and DDP sum (not average) the gradients; the verdict on a non-finite step
 follows from that loss and the global norm, and a stop signal on any rank is summed at each
 step boundary, so all ranks stop at the same step. Every rank evaluates the whole
 eval split (FSDP's all-gathers need all ranks in every forward). An OOM is not retried:
@@ -249,6 +249,8 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
             if result.peak is None or meter.last_step.peak_bytes > result.peak.peak_bytes:
                 result.peak = meter.last_step
         record.update(_host_bytes(run))
+        if run.replicas is not None:  # this rank's; every rank reduces the same bytes
+            record["allreduce_bytes"] = run.replicas.reduced_bytes.take()
         # A skipped or diverged step is logged whatever log.every: it explains the outcome.
         unsound = verdict is not Verdict.APPLY
         if unsound or step % run.config.log.every == 0 or step == run.total_steps:

@@ -3,7 +3,9 @@ and ``memfit bench``'s peers, so what is measured is what trains:
 
 1. for each micro-batch: forward under autocast (and activation offload), backward of
    ``loss_sum / items`` (scaled by the GradScaler with fp16) — so the gradient is that of
-   the mean over the EFFECTIVE batch; the step's loss is summed over ranks;
+   the mean over the EFFECTIVE batch; the step's loss is summed over ranks; under
+   data parallel (``StepParts.replicas``) the forward goes through DDP, only the last
+   micro-batch's backward reduces, and memfit's own reductions follow it;
 2. unscale (fp16) and clip the global gradient norm;
 3. the verdict on the step (the loop's ``nonfinite.DivergenceGuard``: apply, skip or stop;
    without a judge every step applies);
@@ -30,6 +32,7 @@ from torch.optim import Optimizer
 
 from memfit import distributed
 from memfit.config.schema import Precision
+from memfit.distributed.ddp import Replicas
 from memfit.optim.backward_projection import clip_grad_norm_
 from memfit.techniques import lora
 from memfit.techniques.precision import autocast
@@ -63,6 +66,8 @@ class StepParts:
     max_grad_norm: float | None = None
     scaler: torch.amp.GradScaler | None = None
     activation_offload: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    # distributed.strategy=ddp: forward through DDP and sum the gradients across processes.
+    replicas: Replicas | None = None
 
     def __post_init__(self) -> None:
         if self.max_grad_norm is not None and not self.measure_grad_norm:
@@ -83,7 +88,7 @@ def step_parts(run: Run) -> StepParts:
         precision=run.config.precision, device=run.device, measure_grad_norm=True,
         max_grad_norm=run.config.train.max_grad_norm, scaler=run.scaler,
         activation_offload=lambda: run.activation_offload.context(
-            run.config.memory.activation_offload))
+            run.config.memory.activation_offload), replicas=run.replicas)
 
 
 def steps_in_backward(optimizer: Optimizer | None) -> bool:
@@ -129,15 +134,21 @@ def _forward_backward(parts: StepParts, micro_batches: list[Batch], items: int |
     """Backward of ``loss_sum / items`` for each micro-batch; returns the step's mean loss
     (its tensors are freed on return, before clipping and the update)."""
     step_loss = 0.0
+    replicas = parts.replicas
     for index, batch in enumerate(micro_batches):
         if in_backward:
             parts.optimizer.begin_micro_batch(index)  # its hooks step on the last one
         batch = to_device(batch, parts.device, parts.precision)
-        with autocast(parts.precision, parts.device), parts.activation_offload():
-            loss_sum = parts.loss_sum(parts.model, batch)
-        loss = loss_sum / max(items, 1) if items is not None else loss_sum
-        (parts.scaler.scale(loss) if parts.scaler else loss).backward()
+        last = index == len(micro_batches) - 1
+        with replicas.micro_batch(last) if replicas else contextlib.nullcontext():
+            with autocast(parts.precision, parts.device), parts.activation_offload():
+                loss_sum = (replicas.forward(parts.loss_sum, parts.model, batch) if replicas
+                            else parts.loss_sum(parts.model, batch))
+            loss = loss_sum / max(items, 1) if items is not None else loss_sum
+            (parts.scaler.scale(loss) if parts.scaler else loss).backward()
         step_loss += loss.item()
+    if replicas:
+        replicas.after_backward()
     return step_loss
 
 

@@ -1,0 +1,141 @@
+"""Data parallel (``distributed.strategy=ddp``): every process holds the whole model and
+optimizer, runs its slice of every micro-batch, and the gradients are SUMMED across
+processes before the update (the loop divides every micro-batch's loss sum by the item
+count of the GLOBAL effective batch, so the sum is the global mean's gradient).
+
+Who reduces which gradient:
+
+- PyTorch ``DistributedDataParallel``, for the ordinary parameters. It wraps a small module
+  whose forward is the step's whole loss (``_LossModule``), so chunked loss and any loss
+  that reaches into the model go through DDP's forward. ``gradient_as_bucket_view=True``:
+  the ``.grad`` tensors are views into DDP's flat buckets, so no gradient is held twice.
+  ``no_sync()`` on every micro-batch but the last: earlier ones accumulate locally. A comm
+  hook sums (DDP's default hook averages) and counts the bytes.
+- memfit itself, for what DDP cannot see:
+  - GaLore weights whose gradient arrives projected from backward (R = P^T G, r x n,
+    ``optim/backward_projection.py``): R is all-reduced instead of G (m x n) on steps that
+    keep P; on steps that refresh P their full gradient is reduced, so every rank takes
+    its SVD from the same sum and derives bitwise the same P.
+  - layer-wise updates (``optim/layerwise.py``), which step each parameter inside backward:
+    its hook starts an asynchronous all-reduce of the finished gradient and the update runs
+    once it completes (while the next parameter's reduction is in flight). DDP is not used.
+
+Frozen weights are neither reduced nor broadcast (every rank builds them from the same
+files and seed); the trainable ones start equal because every rank seeds alike, and DDP
+(or, without DDP, ``_broadcast_from_main``) copies rank 0's anyway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.optim import Optimizer
+
+Batch = dict[str, torch.Tensor]
+LossSum = Callable[[nn.Module, Batch], torch.Tensor]
+
+
+class ReducedBytes:
+    """Bytes this process has all-reduced since the last ``take()`` (one step's)."""
+
+    def __init__(self) -> None:
+        self._bytes = 0
+
+    def all_reduce(self, tensor: torch.Tensor) -> dist.Work:
+        """Start summing ``tensor`` over all processes, in place; wait on the handle."""
+        self._bytes += tensor.numel() * tensor.element_size()
+        return dist.all_reduce(tensor, async_op=True)
+
+    def take(self) -> int:
+        taken, self._bytes = self._bytes, 0
+        return taken
+
+
+def _summing_hook(ledger: ReducedBytes, bucket):  # noqa: ANN001, ANN201
+    """DDP comm hook: the ``dist.GradBucket`` summed over processes (not averaged), bytes
+    counted. Unannotated: DDP compares annotations with the classes themselves, and this
+    module's are strings (``from __future__ import annotations``)."""
+    return ledger.all_reduce(bucket.buffer()).get_future().then(lambda done: done.value()[0])
+
+
+class _LossModule(nn.Module):
+    """``loss_sum(model, batch)`` as a module's forward, for DDP to wrap."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, loss_sum: LossSum, batch: Batch) -> torch.Tensor:
+        return loss_sum(self.model, batch)
+
+
+def _reduced_by_memfit(optimizer: Optimizer, projects_in_backward: bool) -> list[nn.Parameter]:
+    """The trainable parameters memfit reduces itself (see the module docstring)."""
+    if getattr(optimizer, "steps_in_backward", False):
+        return [p for group in optimizer.param_groups for p in group["params"]]
+    if not projects_in_backward:
+        return []
+    return [p for group in optimizer.param_groups if group.get("project")
+            for p in group["params"]]
+
+
+def _broadcast_from_main(parameters: list[nn.Parameter]) -> None:
+    with torch.no_grad():
+        for parameter in parameters:
+            dist.broadcast(parameter.data, src=0)
+
+
+class Replicas:
+    """What one training step does differently under data parallel
+    (``training/step.py``): ``forward`` the loss, inside ``micro_batch(last)`` around
+    forward and backward, then ``after_backward()`` after the last micro-batch."""
+
+    def __init__(self, model: nn.Module, optimizer: Optimizer, projects_in_backward: bool,
+                 device: torch.device):
+        self.reduced_bytes = ReducedBytes()
+        self._optimizer = optimizer
+        own = _reduced_by_memfit(optimizer, projects_in_backward)
+        own_ids = {id(p) for p in own}
+        self._own = [p for p in model.parameters() if id(p) in own_ids]  # model order
+        by_ddp = [name for name, p in model.named_parameters()
+                  if p.requires_grad and id(p) not in own_ids]
+        self._ddp: DistributedDataParallel | None = None
+        if by_ddp:
+            wrapped = _LossModule(model)
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                wrapped, [f"model.{name}" for name, p in model.named_parameters()
+                          if name not in set(by_ddp)])
+            self._ddp = DistributedDataParallel(
+                wrapped, device_ids=[device.index] if device.type == "cuda" else None,
+                gradient_as_bucket_view=True)
+            self._ddp.register_comm_hook(self.reduced_bytes, _summing_hook)
+        if self._own:
+            _broadcast_from_main(self._own)
+        set_reduction = getattr(optimizer, "reduce_across_processes", None)
+        if set_reduction is not None:  # layer-wise updates reduce in their hooks
+            set_reduction(self.reduced_bytes.all_reduce)
+
+    def forward(self, loss_sum: LossSum, model: nn.Module, batch: Batch) -> torch.Tensor:
+        return self._ddp(loss_sum, batch) if self._ddp is not None else loss_sum(model, batch)
+
+    @contextlib.contextmanager
+    def micro_batch(self, last: bool) -> Iterator[None]:
+        """DDP reduces in the last micro-batch's backward only; the others accumulate."""
+        with (self._ddp.no_sync() if self._ddp is not None and not last
+              else contextlib.nullcontext()):
+            yield
+
+    def after_backward(self) -> None:
+        """Sum what DDP did not: the projected gradients GaLore took from backward and the
+        full gradients of its weights on refresh steps (layer-wise updates already did)."""
+        if getattr(self._optimizer, "steps_in_backward", False):
+            return
+        tensors = [p.grad for p in self._own if p.grad is not None]
+        tensors += getattr(self._optimizer, "projected_gradients", list)()
+        for work in [self.reduced_bytes.all_reduce(tensor) for tensor in tensors]:
+            work.wait()

@@ -1,0 +1,76 @@
+"""One spec per distribution strategy (``distributed.strategy``): how it holds the model
+on each process, how gradients are reduced across processes, and what the planner counts
+per device. Training (``training/build.py``) and the planner read it.
+
+| strategy | each process holds | gradients reduced by | checkpoint |
+|---|---|---|---|
+| none | the whole model | (one process) | single-process, one writer |
+| ddp  | the whole model, optimizer and gradients | DDP buckets + memfit (``ddp.py``) | single-process, written by rank 0 |
+| fsdp | 1/N of weights, gradients and state | FSDP2 reduce-scatter (``fsdp.py``) | sharded (DCP), every rank writes |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.optim import Optimizer
+
+from memfit.config.schema import Config, DistributedStrategy
+from memfit.distributed import fsdp
+from memfit.distributed.ddp import Replicas
+from memfit.techniques import checkpointing, registry
+from memfit.techniques.optimizers.build import projects_in_backward
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    name: DistributedStrategy
+    # The prepared model on ``device`` with the device stage applied, held as the
+    # strategy holds it.
+    place: Callable[[nn.Module, registry.Setting, torch.device], nn.Module]
+    # What a training step needs to reduce gradients across processes (None: the strategy
+    # reduces them itself, or there is one process).
+    replicas: Callable[[nn.Module, Optimizer, Config, torch.device], Replicas | None]
+    # Whether weights, gradients and optimizer state are divided among the processes
+    # (the planner's per-device bytes); otherwise each process holds all of them.
+    divides_training_state: bool
+
+
+def _whole(model: nn.Module, setting: registry.Setting, device: torch.device) -> nn.Module:
+    return registry.apply_stage("device", model.to(device), setting)
+
+
+def _sharded(model: nn.Module, setting: registry.Setting, device: torch.device) -> nn.Module:
+    """FSDP2 units on the blocks checkpointing would choose (decoder layers, or
+    memory.checkpoint_modules for plain modules) and the root. The device stage (bf16-pure)
+    comes first: FSDP2 keeps the dtype it shards."""
+    model = registry.apply_stage("device", model, setting)
+    blocks = checkpointing.choose_blocks(model, setting.config.memory)
+    return fsdp.shard(model, blocks, setting.config.precision, device)
+
+
+def _no_replicas(model: nn.Module, optimizer: Optimizer, config: Config,
+                 device: torch.device) -> None:
+    return None
+
+
+def _replicas(model: nn.Module, optimizer: Optimizer, config: Config,
+              device: torch.device) -> Replicas:
+    return Replicas(model, optimizer, projects_in_backward(config), device)
+
+
+STRATEGIES = {
+    DistributedStrategy.NONE: StrategySpec(DistributedStrategy.NONE, _whole, _no_replicas,
+                                           divides_training_state=False),
+    DistributedStrategy.DDP: StrategySpec(DistributedStrategy.DDP, _whole, _replicas,
+                                          divides_training_state=False),
+    DistributedStrategy.FSDP: StrategySpec(DistributedStrategy.FSDP, _sharded, _no_replicas,
+                                           divides_training_state=True),
+}
+
+
+def strategy_for(config: Config) -> StrategySpec:
+    return STRATEGIES[config.distributed.strategy]
