@@ -2,9 +2,10 @@
 when training is not distributed, so the single-process loop calls them unconditionally.
 
 A run with ``distributed.strategy=ddp`` or ``fsdp`` always has a process group: from torchrun's
-environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``)
-when launched, or a one-process group (an in-memory store, no network) otherwise, so the
-same sharded code path and checkpoint format serve one process and many.
+environment (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``; also
+what ``accelerate launch --multi_gpu`` sets, as it runs torchrun) when launched, or a
+one-process group (an in-memory store, no network) otherwise, so the same sharded code path
+and checkpoint format serve one process and many.
 """
 
 from __future__ import annotations
@@ -30,8 +31,24 @@ def launched_world_size() -> int | None:
     return int(value) if value else None
 
 
+def _refuse_accelerate_without_workers() -> None:
+    """Refuse a process that ``accelerate launch --num_processes N`` (N > 1) started alone.
+
+    Without ``--multi_gpu`` (or a config with ``distributed_type: MULTI_GPU``) and with no
+    GPU to detect, accelerate's launcher runs the command once (or under mpirun for
+    ``MULTI_CPU``), setting MASTER_ADDR but no WORLD_SIZE: each such process would train
+    the whole run alone, so this says how to get torchrun's workers instead.
+    """
+    launched_by_accelerate = "ACCELERATE_MIXED_PRECISION" in os.environ
+    if launched_by_accelerate and "MASTER_ADDR" in os.environ and launched_world_size() is None:
+        raise ConfigError("accelerate launch started this process without WORLD_SIZE (it "
+                          "starts several workers only through torchrun); add --multi_gpu "
+                          "(also on CPUs) or set distributed_type: MULTI_GPU in its config")
+
+
 def setup(config: Config) -> None:
     """Join (or create) the process group a ``distributed.strategy=ddp|fsdp`` run needs."""
+    _refuse_accelerate_without_workers()
     world = launched_world_size()
     if config.distributed.strategy is DistributedStrategy.NONE:
         if world is not None and world > 1:
