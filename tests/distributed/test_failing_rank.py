@@ -14,7 +14,8 @@ from dist_helpers import memfit
 pytestmark = pytest.mark.slow
 
 
-def test_a_failing_rank_stops_the_job_with_its_error(tmp_path: Path):
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_a_failing_rank_stops_the_job_with_its_error(tmp_path: Path, strategy: str):
     generator = np.random.default_rng(0)
     np.savez(tmp_path / "rows.npz", inputs=generator.normal(size=(32, 8)).astype(np.float32),
              targets=generator.normal(size=(32, 1)).astype(np.float32))
@@ -23,7 +24,7 @@ def test_a_failing_rank_stops_the_job_with_its_error(tmp_path: Path):
         "model: {factory: 'dist_factories:fails_on_rank_one', task: custom}\n"
         f"data: {{path: {tmp_path / 'rows.npz'}, format: tensors, eval_fraction: 0}}\n"
         f"train: {{output_dir: {tmp_path / 'run'}, max_steps: 6, micro_batch_size: 2}}\n"
-        "distributed: {strategy: fsdp}\n"
+        f"distributed: {{strategy: {strategy}}}\n"
         "log: {progress: false, tensorboard: false}\n")
     result = memfit("train", str(config), "--nproc", "2", cwd=tmp_path, timeout=240)
     assert result.returncode != 0

@@ -1,0 +1,81 @@
+"""A worker for the data-parallel tests, started once by torchrun with 2 gloo processes:
+it runs a list of jobs (JSON) one after the other, so the cases share one start-up of
+torch and transformers instead of paying it per case.
+
+    {"train": CONFIG.yaml}                          memfit.train(CONFIG)
+    {"train": CONFIG.yaml, "resume": RUN}           memfit.train(CONFIG, resume=RUN)
+    {"projectors": CONFIG.yaml, "steps": 3, "out": DIR}
+        3 optimizer steps of the real training step; each rank then writes its GaLore
+        projectors P (by parameter name) to DIR/rank-R.safetensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from memfit import distributed
+from memfit.config import from_mapping
+from memfit.config.load import read_yaml
+from memfit.training.api import train
+from memfit.training.batches import BatchStream
+from memfit.training.build import build_run
+from memfit.training.step import optimizer_step, step_parts
+
+
+def _projectors(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+    inner = getattr(optimizer, "inner_optimizers", None)  # layer-wise: one per parameter
+    return inner if inner is not None else [optimizer]
+
+
+def _write_projectors(config_path: str, steps: int, out: Path) -> None:
+    config = from_mapping(read_yaml(config_path))
+    distributed.setup(config)
+    try:
+        run = build_run(config)
+        stream = BatchStream(run.splits.train, config.train.micro_batch_size,
+                             config.train.seed, run.collate,
+                             rank=distributed.rank(), world_size=distributed.world_size())
+        for _ in range(steps):
+            batches = [stream.next_batch()
+                       for _ in range(config.train.gradient_accumulation_steps)]
+            items = distributed.all_reduce_sum(sum(run.objective.count(b) for b in batches))
+            optimizer_step(step_parts(run), batches, items)
+        names = {id(p): name for name, p in run.model.named_parameters()}
+        found = {names[id(p)]: state["projector"].contiguous()
+                 for optimizer in _projectors(run.optimizer)
+                 for p, state in optimizer.state.items() if "projector" in state}
+        out.mkdir(parents=True, exist_ok=True)
+        save_file(found, out / f"rank-{distributed.rank()}.safetensors")
+    finally:
+        distributed.teardown()
+
+
+def _join_group_for(job: int) -> None:
+    """A process group of its own for each job (memfit.train destroys its group when it
+    returns): keys under a fresh prefix of torchrun's store, so no job reads the
+    addresses of an earlier job's group."""
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          is_master=False)
+    dist.init_process_group("gloo", store=dist.PrefixStore(f"job-{job}", store),
+                            rank=int(os.environ["RANK"]),
+                            world_size=int(os.environ["WORLD_SIZE"]))
+
+
+def main(jobs_file: str) -> None:
+    for index, job in enumerate(json.loads(Path(jobs_file).read_text())):
+        _join_group_for(index)
+        if "train" in job:
+            train(job["train"], resume=job.get("resume"))
+        else:
+            _write_projectors(job["projectors"], job["steps"], Path(job["out"]))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
