@@ -214,13 +214,17 @@ def build_parser() -> argparse.ArgumentParser:
         "plan", help="memory of every strategy for a budget, and which to use",
         description="Estimate, without allocating, what training would cost per strategy; "
                     "mark what fits --budget and recommend one. Without CONFIG.yaml, "
-                    "name the model with an override, e.g. model.preset=llama-3.1-8b.")
+                    "name the model with an override, e.g. model.preset=llama-3.1-8b. With "
+                    "--devices N, bytes and --budget are per device; data parallel (ddp) is "
+                    "recommended when some strategy fits one device, FSDP2 (fsdp) otherwise.")
     plan.add_argument("arguments", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     plan.add_argument("--budget", required=True, help="device memory, e.g. 24GiB, 16GB, 8e9")
     plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                       help="cuda adds context and allocator overhead; cpu counts tensors only")
-    plan.add_argument("--devices", type=int, default=1, metavar="N",
-                      help="bytes per device when FSDP2 shards training over N devices")
+    plan.add_argument("--devices", type=int, metavar="N",
+                      help="bytes per device of training as N processes, one device each: "
+                           "every strategy under ddp (each holds the whole model) and under "
+                           "fsdp (sharded); default: distributed.nproc")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     _add_debug(plan)
     plan.set_defaults(handler=_command_plan)

@@ -216,9 +216,6 @@ _NOT_WITH_FSDP = [
     (lambda c: c.precision is Precision.FP16,
      "precision=fp16: its gradient scaler checks for inf per process, not across the "
      "sharded gradients; use precision=bf16"),
-    (lambda c: c.memory.auto,
-     "memory.auto=true: the planner's strategies include optimizers FSDP2 cannot shard; "
-     "choose one with `memfit plan --devices N`"),
 ]
 
 

@@ -3,6 +3,7 @@ fits a budget, which to use and why (see docs/planner.md).
 
     import memfit
     result = memfit.plan(config, "24GiB")   # Plan; result.to_json() is `memfit plan --json`
+    result = memfit.plan(config, "24GiB", devices=8)   # per device: ddp and fsdp rows
     from memfit.plan import recommend, next_cheaper
     name, overrides, reason = recommend(config, 24 * 2**30)
     overrides = next_cheaper(config)         # the next rung of the OOM ladder, or None
@@ -35,10 +36,11 @@ __all__ = ["Estimate", "Plan", "StrategyEstimate", "estimate", "next_cheaper", "
 
 class _CallablePackage(types.ModuleType):
     def __call__(self, config: Config | dict[str, Any] | str | Path, budget: str | int,
-                 device: str = "cuda", example_batch: ExampleBatch | None = None) -> Plan:
+                 device: str = "cuda", example_batch: ExampleBatch | None = None,
+                 devices: int | None = None) -> Plan:
         """``memfit.plan(config, budget)``: config as a Config, a YAML-shaped mapping or a
         YAML path; see ``planner.plan``."""
-        return plan(as_config(config), budget, device, example_batch)
+        return plan(as_config(config), budget, device, example_batch, devices)
 
 
 sys.modules[__name__].__class__ = _CallablePackage

@@ -15,11 +15,13 @@ The training step has three candidate peaks, and the estimate is the largest:
 Layer-wise updates (optimizer.layerwise) replace 1-3 by: the trace without grads + the one
 grad being consumed + one parameter's step scratch + accumulation buffers.
 
-Sharded over N devices (distributed.strategy=fsdp, ``distributed.nproc`` = N when planning):
-weights, grads and optimizer state are divided by N (a QLoRA 4-bit base is replicated,
-not divided); activations stay per device; temporaries gain FSDP2's all-gather working
-set — one block's weights in full for the block running and one prefetched — and that
-block's unsharded gradients before their reduce-scatter.
+As ``distributed.nproc`` processes (``--devices N`` when planning), bytes are per device,
+as per_device.py says for each ``distributed.strategy``: ddp keeps one process's weights
+and state, and DDP's gradient buckets alive for the whole step (the first micro-batch
+peaks at the smaller of: its trace + the buckets, and the trace without grads + every
+grad + the one being copied in), beside the grads of earlier micro-batches when
+accumulating; layer-wise ddp adds the gradient whose all-reduce is in flight; fsdp
+divides weights, grads and state by N and adds its all-gather working set.
 
 Hugging Face models deeper than ``EXACT_DEPTH`` are built (on meta) and traced with 2 and 3
 layers, and every quantity — weights, the trainable parameters, the traced bytes — is
@@ -29,7 +31,6 @@ extrapolated linearly in depth (the blocks repeat), so a 70B model is planned in
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,8 +38,8 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import AdapterKind, Config, DistributedStrategy
-from memfit.plan import costs, meta
+from memfit.config.schema import AdapterKind, Config
+from memfit.plan import costs, meta, per_device
 from memfit.plan.trace import TraceResult, trace_micro_batch
 from memfit.plan.workload import ExampleBatch, workload
 from memfit.techniques.precision import AUTOCAST_DTYPES
@@ -93,7 +94,7 @@ def estimate(config: Config, device: str = "cuda",
     if not params:
         raise ConfigError("the model has no trainable parameters (check adapter.*)")
     optimizer = costs.optimizer_cost(params, config)
-    devices = _sharded_over(config)
+    devices = per_device.sharded_over(config)
     shard = lambda nbytes: -(-nbytes // devices)  # noqa: E731 - bytes on one device
     grads = shard(costs.grad_bytes(params))
     largest = costs.largest_trainable_bytes(params)
@@ -102,24 +103,40 @@ def estimate(config: Config, device: str = "cuda",
     state = 0 if offload else shard(optimizer.state_bytes)
     with_grads, without = trace.peak, trace.peak_without_grads
     if devices > 1:
-        with_grads, without = _in_backward_per_device(with_grads, without, shard, sizing)
+        with_grads, without = per_device.fsdp_in_backward(
+            with_grads, without, devices, sizing.block_bytes, sizing.block_trainable_bytes)
+    buckets = per_device.ddp_bucket_bytes(params, config)
+    accumulating = config.train.gradient_accumulation_steps > 1
+    # Every grad alive, plus the one being added to (or copied into its DDP bucket); DDP
+    # moves grads into its buckets in the last micro-batch only, so when accumulating the
+    # earlier micro-batches' grads are alive beside the buckets.
+    later_micro_batch = {"grads": grads + (buckets if accumulating else 0),
+                         "activations": without["activations"],
+                         "temporaries": without["temporaries"] + largest}
     if config.optimizer.layerwise:
         candidates = [
-            {"grads": largest, "activations": without["activations"],
+            {"grads": largest + per_device.in_flight_reduction_bytes(params, config),
+             "activations": without["activations"],
              "temporaries": without["temporaries"] + optimizer.per_param_scratch_bytes
              + optimizer.accumulation_buffer_bytes}]
     else:
-        candidates = [{"grads": with_grads["grads"], "activations": with_grads["activations"],
-                       "temporaries": with_grads["temporaries"]},
+        first_micro_batch = {"grads": with_grads["grads"],
+                             "activations": with_grads["activations"],
+                             "temporaries": with_grads["temporaries"]}
+        if buckets:
+            # Two upper bounds of the same moments, the smaller kept: the traced peak with
+            # every bucket added (the grads the trace already holds counted twice), or the
+            # later micro-batch's (grads DDP does not reduce counted as if all were alive).
+            with_buckets = {**first_micro_batch, "grads": first_micro_batch["grads"] + buckets}
+            first_micro_batch = min(with_buckets, later_micro_batch,
+                                    key=lambda c: sum(c.values()))
+        candidates = [first_micro_batch,
                       {"grads": grads, "activations": _inputs_in_step(config, sizing, device),
                        "temporaries": 0 if offload else shard(optimizer.step_scratch_bytes)}]
-        if config.train.gradient_accumulation_steps > 1:
-            candidates.append({"grads": grads, "activations": without["activations"],
-                               "temporaries": without["temporaries"] + largest})
+        if accumulating:
+            candidates.append(later_micro_batch)
     peak = max(candidates, key=lambda c: sum(c.values()))
-    # A QLoRA 4-bit base is replicated, not sharded (memfit.distributed.fsdp).
-    weights = sizing.weight_bytes if config.adapter.kind is AdapterKind.QLORA \
-        else shard(sizing.weight_bytes)
+    weights = per_device.sharded_weights(config, sizing.weight_bytes)
     split = {"weights": weights, "grads": peak["grads"], "optimizer": state,
              "activations": peak["activations"], "temporaries": peak["temporaries"]}
     total = sum(split.values())
@@ -135,24 +152,6 @@ def _inputs_in_step(config: Config, sizing: _Sizing, device: str) -> int:
     the device's own tensors; elsewhere the last one's device copy."""
     batches = config.train.gradient_accumulation_steps if device == "cpu" else 1
     return batches * sizing.batch_bytes
-
-
-def _sharded_over(config: Config) -> int:
-    """Devices FSDP2 shards weights, grads and state over (1: not sharded)."""
-    fsdp = config.distributed.strategy is DistributedStrategy.FSDP
-    return config.distributed.nproc if fsdp else 1
-
-
-def _in_backward_per_device(with_grads: dict[str, int], without: dict[str, int],
-                            shard: Callable[[int], int], sizing: _Sizing
-                            ) -> tuple[dict[str, int], dict[str, int]]:
-    """The traced forward/backward peaks on one FSDP2 device: grads sharded, plus the
-    all-gather working set (one block running, one prefetched) and that block's unsharded
-    gradients before their reduce-scatter."""
-    gathered = 2 * sizing.block_bytes + sizing.block_trainable_bytes
-    return ({**with_grads, "grads": shard(with_grads["grads"]),
-             "temporaries": with_grads["temporaries"] + gathered},
-            {**without, "temporaries": without["temporaries"] + gathered})
 
 
 def _block_bytes(model: nn.Module) -> tuple[int, int]:

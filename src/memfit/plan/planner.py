@@ -14,7 +14,7 @@ from typing import Any
 
 from memfit._utils.errors import ConfigError, MemfitError, OutOfMemoryPlanError
 from memfit._utils.sizes import format_bytes, parse_bytes
-from memfit.config.schema import Config, Task
+from memfit.config.schema import Config, DistributedStrategy, Task
 from memfit.config.validate import fsdp_incompatibility
 from memfit.plan import meta
 from memfit.plan.context import check_max_length
@@ -24,17 +24,23 @@ from memfit.plan.strategies import Overrides, strategies, with_overrides
 
 @dataclass(frozen=True)
 class StrategyEstimate:
-    name: str
-    overrides: Overrides
-    estimate: Estimate
+    name: str  # the ladder strategy; over several devices prefixed "ddp:" or "fsdp:"
+    overrides: Overrides  # over several devices with distributed.strategy and .nproc
+    estimate: Estimate  # bytes on one device
     fits: bool
+
+    @property
+    def distributed(self) -> str:
+        return self.overrides.get("distributed.strategy", DistributedStrategy.NONE.value)
 
 
 @dataclass(frozen=True)
 class Plan:
-    budget_bytes: int
+    budget_bytes: int  # per device
     device: str
-    config: Estimate  # exactly the given configuration
+    devices: int  # processes, one device each
+    config: Estimate  # exactly the given configuration, under its own distributed.strategy
+    config_distributed: str  # that strategy: none (one device), ddp or fsdp
     strategies: list[StrategyEstimate]  # in order of preference
     skipped: dict[str, str]  # strategy -> why it cannot be built for this model
     recommended: str | None
@@ -44,35 +50,44 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         """The documented --json schema (docs/planner.md)."""
         return {
-            "config": self.config.to_json(),
-            "strategies": [{**s.estimate.to_json(), "name": s.name, "overrides": s.overrides,
+            "devices": self.devices,
+            "config": {**self.config.to_json(), "distributed": self.config_distributed},
+            "strategies": [{**s.estimate.to_json(), "name": s.name,
+                            "distributed": s.distributed, "overrides": s.overrides,
                             "fits": s.fits} for s in self.strategies],
+            "skipped": dict(self.skipped),
             "recommended": self.recommended,
             "reason": self.reason,
         }
 
 
 def plan(config: Config, budget: str | int, device: str = "cuda",
-         example_batch: ExampleBatch | None = None, devices: int = 1) -> Plan:
+         example_batch: ExampleBatch | None = None, devices: int | None = None) -> Plan:
     """Plan ``config`` against ``budget`` ("24GiB", bytes) on ``device`` ("cuda" adds the
     CUDA context and allocator slack; "cpu" counts tensors only, as the CPU tracker does).
     ``example_batch``: one micro-batch of inputs, needed for model.factory models.
-    ``devices`` > 1: bytes per device when FSDP2 shards training over that many (the
-    micro-batch is per device); strategies FSDP2 cannot train are skipped, with the reason."""
+    ``devices`` (default: distributed.nproc) > 1: bytes per device of training as that many
+    processes, every strategy both under ddp (each holds the whole model) and under fsdp
+    (sharded), with the micro-batch per device; what FSDP2 cannot train is skipped for
+    fsdp, with the reason. The given config is planned under its own distributed.strategy
+    (ddp when it names none)."""
     check_max_length(config)
     budget_bytes = _budget(budget)
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"device={device!r} is not one of: cuda, cpu")
+    devices = config.distributed.nproc if devices is None else devices
     if devices < 1:
         raise ConfigError(f"--devices must be at least 1, got {devices}")
-    if devices > 1:
-        config = with_overrides(config, {"distributed.strategy": "fsdp",
-                                         "distributed.nproc": devices})
+    own = config.distributed.strategy
+    if devices > 1 and own is DistributedStrategy.NONE:
+        own = DistributedStrategy.DDP  # what several processes of the config as given run
+    config = with_overrides(config, _distributed(own, devices))
     given = estimate(config, device, example_batch)
     rows, skipped = [], {}
-    for name, overrides in strategies(_chunked_loss_ok(config)):
+    for name, overrides in _candidates(config, devices):
         candidate = with_overrides(config, overrides)
-        why_not = fsdp_incompatibility(candidate) if devices > 1 else None
+        why_not = (fsdp_incompatibility(candidate)
+                   if candidate.distributed.strategy is DistributedStrategy.FSDP else None)
         if why_not is not None:
             skipped[name] = f"FSDP2 cannot train it: {why_not}"
             continue
@@ -87,15 +102,32 @@ def plan(config: Config, budget: str | int, device: str = "cuda",
         rows.append(StrategyEstimate(name, overrides, row, row.device_bytes <= budget_bytes))
     chosen, micro_batch, reason = _choose(config, rows, budget_bytes, device, example_batch)
     overrides = {**chosen.overrides, **micro_batch} if chosen else {}
-    return Plan(budget_bytes, device, given, rows, skipped,
-                chosen.name if chosen else None, overrides, reason)
+    return Plan(budget_bytes, device, devices, given, config.distributed.strategy.value, rows,
+                skipped, chosen.name if chosen else None, overrides, reason)
+
+
+def _distributed(strategy: DistributedStrategy, devices: int) -> Overrides:
+    return {"distributed.strategy": strategy.value, "distributed.nproc": devices}
+
+
+def _candidates(config: Config, devices: int) -> list[tuple[str, Overrides]]:
+    """(name, overrides) in order of preference. Over several devices every strategy under
+    ddp first, then under fsdp: data parallel whenever the model fits one device (it only
+    all-reduces gradients; FSDP2 also gathers every weight in forward and in backward)."""
+    ladder = strategies(_chunked_loss_ok(config))
+    if devices == 1:
+        return ladder
+    return [(f"{strategy.value}:{name}", {**overrides, **_distributed(strategy, devices)})
+            for strategy in (DistributedStrategy.DDP, DistributedStrategy.FSDP)
+            for name, overrides in ladder]
 
 
 def recommend(config: Config, budget_bytes: int, device: str = "cuda",
-              example_batch: ExampleBatch | None = None) -> tuple[str, Overrides, str]:
+              example_batch: ExampleBatch | None = None, devices: int | None = None
+              ) -> tuple[str, Overrides, str]:
     """(strategy name, config overrides, reason) for auto-fit; raises OutOfMemoryPlanError
     (exit status 2) when nothing fits."""
-    result = plan(config, budget_bytes, device, example_batch)
+    result = plan(config, budget_bytes, device, example_batch, devices)
     if result.recommended is None:
         raise OutOfMemoryPlanError(result.reason)
     return result.recommended, result.recommended_overrides, result.reason
@@ -144,23 +176,43 @@ def _choose(config: Config, rows: list[StrategyEstimate], budget: int, device: s
         micro = _largest_micro_batch(config, row, budget, device, example_batch)
         if micro is None:
             continue
-        why = f"{row.name} is the most preferred strategy that fits {format_bytes(budget)}"
-        position = rows.index(row)
-        if position:
-            before = rows[position - 1]
-            why += (f" (the one preferred before it, {before.name}, needs "
-                    f"{format_bytes(before.estimate.device_bytes)})")
         size, steps = micro["train.micro_batch_size"], micro["train.gradient_accumulation_steps"]
         needs = estimate(with_overrides(config, {**row.overrides, **micro}), device,
                          example_batch)
-        why += (f"; largest micro-batch that fits: {size} x {steps} accumulation steps "
-                f"(needs {format_bytes(needs.device_bytes)}: {_itemized(needs)})")
+        why = (f"{_why_this_one(row, rows, budget)}; largest micro-batch that fits: {size} x "
+               f"{steps} accumulation steps (needs {format_bytes(needs.device_bytes)}: "
+               f"{_itemized(needs)})")
         return row, micro, why
     smallest = min(rows, key=lambda r: r.estimate.device_bytes, default=None)
     lowest = (f"; the smallest, {smallest.name} at micro-batch "
               f"{smallest.estimate.micro_batch_size}, needs "
               f"{format_bytes(smallest.estimate.device_bytes)}" if smallest else "")
     return None, {}, f"no strategy fits {format_bytes(budget)} even at micro-batch 1{lowest}"
+
+
+def _why_this_one(row: StrategyEstimate, rows: list[StrategyEstimate], budget: int) -> str:
+    """Why ``row``, the first that fits: nothing preferred before it fits (the one just
+    before, under the same distributed.strategy, and what it needs); over several devices,
+    why data parallel or why FSDP."""
+    same = [r for r in rows if r.distributed == row.distributed]
+    why = f"{row.name} is the most preferred strategy that fits {format_bytes(budget)}"
+    position = same.index(row)
+    if position:
+        before = same[position - 1]
+        why += (f" (the one preferred before it, {before.name}, needs "
+                f"{format_bytes(before.estimate.device_bytes)})")
+    if row.distributed == DistributedStrategy.DDP.value:
+        return ("data parallel (ddp): the model trains within one device's budget, so every "
+                "process holds it whole and only gradients are all-reduced, with no weight "
+                "gathered per block as FSDP2 would; " + why)
+    if row.distributed == DistributedStrategy.FSDP.value:
+        replicated = [r for r in rows if r.distributed == DistributedStrategy.DDP.value]
+        smallest = min(replicated, key=lambda r: r.estimate.device_bytes, default=None)
+        needs = (f" (the smallest, {smallest.name}, needs "
+                 f"{format_bytes(smallest.estimate.device_bytes)} per device)" if smallest else "")
+        return (f"FSDP2 (fsdp): no strategy fits one device under data parallel{needs}, so "
+                "weights, gradients and optimizer state are sharded over the processes; " + why)
+    return why
 
 
 def _largest_micro_batch(config: Config, row: StrategyEstimate, budget: int, device: str,

@@ -32,11 +32,15 @@ def _micro_batch(config: Config) -> str:
 
 def format_plan(result: Plan, config: Config) -> str:
     model = config.model.preset or config.model.path or config.model.factory
+    devices = (f", {result.devices} devices (bytes per device; ddp: each holds the whole "
+               "model, fsdp: sharded)" if result.devices > 1 else "")
     lines = [f"memfit plan: {model}, micro-batch {_micro_batch(config)}, "
              f"{config.train.gradient_accumulation_steps} accumulation steps, budget "
-             f"{format_bytes(result.budget_bytes)} ({result.device})", ""]
+             f"{format_bytes(result.budget_bytes)} ({result.device}){devices}", ""]
     header = ["strategy", *_COLUMNS, "fits"]
-    rows = [["config (as given)", *_cells(result.config),
+    given = ("config (as given)" if result.devices == 1
+             else f"config (as given, {result.config_distributed})")
+    rows = [[given, *_cells(result.config),
              "yes" if result.config.device_bytes <= result.budget_bytes else "no"]]
     for strategy in result.strategies:
         mark = "yes" if strategy.fits else "no"
@@ -50,8 +54,8 @@ def format_plan(result: Plan, config: Config) -> str:
                  for i, (cell, width) in enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
     lines.append("")
-    for name, why in result.skipped.items():
-        lines.append(f"not planned: {name}: {why}")
+    for why, names in _by_reason(result.skipped).items():
+        lines.append(f"not planned: {', '.join(names)}: {why}")
     recommended = result.recommended or "none"
     lines.append(f"recommended: {recommended}: {result.reason}")
     if result.recommended_overrides:
@@ -60,6 +64,14 @@ def format_plan(result: Plan, config: Config) -> str:
     lines.append("peak = live tensor bytes (weights..temporaries at the peak); +overhead adds "
                  "the CUDA context and allocator slack; host = offloaded bytes")
     return "\n".join(lines)
+
+
+def _by_reason(skipped: dict[str, str]) -> dict[str, list[str]]:
+    """Strategies skipped for the same reason on one line (FSDP2 refuses whole methods)."""
+    grouped: dict[str, list[str]] = {}
+    for name, why in skipped.items():
+        grouped.setdefault(why, []).append(name)
+    return grouped
 
 
 def _value(value: object) -> str:

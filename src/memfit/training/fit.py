@@ -1,5 +1,9 @@
 """Before building anything: refuse presets that cannot fit this machine, and apply the
-planner's recommendation when ``memory.auto`` is on. Both use the planner's numbers."""
+planner's recommendation when ``memory.auto`` is on. Both use the planner's numbers.
+
+With several processes, rank 0 plans for all of them (``memory.budget`` per device) and
+hands its choice to the others, so every rank trains the same configuration.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from typing import Any
 
 import torch
 
+from memfit import distributed
+from memfit._utils.errors import MemfitError
 from memfit._utils.sizes import parse_bytes
 from memfit.config import Config, from_mapping, to_mapping
 from memfit.config.schema import Task
@@ -47,9 +53,24 @@ def example_batch(config: Config) -> dict[str, torch.Tensor] | None:
 
 
 def auto_fit(config: Config) -> tuple[Config, dict[str, Any]]:
-    """``memory.auto``: the recommended strategy for ``memory.budget`` applied to the config,
-    and a record of the choice (strategy, reason, overrides) for the run folder."""
-    name, overrides, reason = recommend(config, parse_bytes(config.memory.budget), _device(),
-                                        example_batch(config))
+    """``memory.auto``: the recommended strategy for ``memory.budget`` on each of this run's
+    processes applied to the config, and a record of the choice (strategy, reason,
+    overrides) for the run folder. Distributed, it is rank 0's plan on every rank."""
+    outcome = _recommendation(config) if distributed.is_main() else None
+    outcome = distributed.broadcast_from_main(outcome)
+    if isinstance(outcome, MemfitError):
+        raise outcome
+    name, overrides, reason = outcome
     fitted = from_mapping(to_mapping(with_overrides(config, overrides)))
     return fitted, {"strategy": name, "reason": reason, "overrides": overrides}
+
+
+def _recommendation(config: Config) -> tuple[str, dict[str, Any], str] | MemfitError:
+    """The planner's (name, overrides, reason) for as many devices as processes; its
+    error (nothing fits, a model that cannot be planned) is returned, to be raised on
+    every rank rather than on rank 0 alone while the others wait for its choice."""
+    try:
+        return recommend(config, parse_bytes(config.memory.budget), _device(),
+                         example_batch(config), devices=distributed.world_size())
+    except MemfitError as error:
+        return error

@@ -54,13 +54,16 @@ def test_json_schema_is_the_documented_one_and_the_table_marks_the_choice():
     assert "full-adamw  " in format_plan(planned, config)
     assert "yes <- recommended" in format_plan(planned, config)
     result = planned.to_json()
-    assert set(result) == {"config", "strategies", "recommended", "reason"}
+    assert set(result) == {"devices", "config", "strategies", "skipped", "recommended",
+                           "reason"}
     estimate_keys = {"bytes", "peak_tensor_bytes", "device_overhead_bytes", "host_bytes"}
-    assert set(result["config"]) == estimate_keys
+    assert set(result["config"]) == estimate_keys | {"distributed"}
     assert set(result["config"]["bytes"]) == {"weights", "grads", "optimizer", "activations",
                                               "temporaries"}
     for row in result["strategies"]:
-        assert set(row) == estimate_keys | {"name", "overrides", "fits"}
+        assert set(row) == estimate_keys | {"name", "distributed", "overrides", "fits"}
+        assert row["distributed"] == "none"
+    assert result["devices"] == 1 and result["config"]["distributed"] == "none"
     assert result["recommended"] == "full-adamw"  # everything fits; the first is preferred
     json.dumps(result)
 

@@ -1,0 +1,70 @@
+"""What one device holds when training runs as ``distributed.nproc`` processes, by
+``distributed.strategy`` (itemize.py adds it into the estimate's candidate peaks).
+
+none  one process: nothing to add.
+ddp   every rank holds the whole model and the whole optimizer state, as one process.
+      PyTorch DDP (``gradient_as_bucket_view=True``) keeps the gradients of the parameters
+      it reduces in its flat buckets, allocated when it wraps the model: they are alive
+      for the whole step, the first micro-batch's forward included. In the micro-batch
+      that reduces (the last; ``no_sync`` before it) each fresh gradient lives only until
+      it is copied into its bucket view; the earlier micro-batches of an accumulating
+      step accumulate fresh gradients beside the buckets (zero_grad sets them to None, so
+      they are no bucket views when the step starts). GaLore weights projected in
+      backward are not DDP's (memfit all-reduces their r x n projection): as one process.
+      Layer-wise updates do without DDP: each gradient is all-reduced from its hook while
+      the next one is computed, so one more full-size gradient is alive than in one process.
+fsdp  weights, gradients and optimizer state divided by the processes (a QLoRA 4-bit base
+      replicated); FSDP2's all-gather working set added in forward and backward.
+"""
+
+from __future__ import annotations
+
+from memfit.config.schema import AdapterKind, Config, DistributedStrategy
+from memfit.techniques.optimizers import Param, projects_in_backward
+
+Split = dict[str, int]  # bytes by category at one moment
+
+
+def sharded_over(config: Config) -> int:
+    """Devices FSDP2 shards weights, grads and state over (1: not sharded)."""
+    fsdp = config.distributed.strategy is DistributedStrategy.FSDP
+    return config.distributed.nproc if fsdp else 1
+
+
+def sharded_weights(config: Config, weight_bytes: int) -> int:
+    """Weights on one device: FSDP2 shards all but a QLoRA 4-bit base (memfit.distributed.fsdp)."""
+    devices = sharded_over(config)
+    if devices == 1 or config.adapter.kind is AdapterKind.QLORA:
+        return weight_bytes
+    return -(-weight_bytes // devices)
+
+
+def fsdp_in_backward(with_grads: Split, without: Split, devices: int, block_bytes: int,
+                     block_trainable_bytes: int) -> tuple[Split, Split]:
+    """The traced forward/backward peaks on one FSDP2 device: grads sharded, plus the
+    all-gather working set (one block running, one prefetched) and that block's unsharded
+    gradients before their reduce-scatter."""
+    gathered = 2 * block_bytes + block_trainable_bytes
+    return ({**with_grads, "grads": -(-with_grads["grads"] // devices),
+             "temporaries": with_grads["temporaries"] + gathered},
+            {**without, "temporaries": without["temporaries"] + gathered})
+
+
+def ddp_bucket_bytes(params: list[Param], config: Config) -> int:
+    """Bytes of DDP's gradient buckets on each rank: the gradients of every trainable
+    parameter DDP reduces (all but GaLore's weights projected in backward); 0 where DDP
+    does not wrap the model (another strategy, or layer-wise updates)."""
+    if config.distributed.strategy is not DistributedStrategy.DDP or config.optimizer.layerwise:
+        return 0
+    memfit_reduces = projects_in_backward(config)
+    return sum(p.nbytes for p in params if not (memfit_reduces and p.projected))
+
+
+def in_flight_reduction_bytes(params: list[Param], config: Config) -> int:
+    """Layer-wise updates under ddp: the gradient whose all-reduce is in flight while the
+    hook of the next one runs — at most the second largest, the largest being the one
+    consumed (itemize counts that)."""
+    if config.distributed.strategy is not DistributedStrategy.DDP or not config.optimizer.layerwise:
+        return 0
+    sizes = sorted(p.nbytes for p in params)
+    return sizes[-2] if len(sizes) > 1 else 0

@@ -1,0 +1,110 @@
+"""Bytes per device over several processes (distributed.strategy ddp and fsdp), and the
+recommendation for N devices: data parallel when some strategy fits one device, FSDP2
+otherwise. Planning only: no process is started (tests/distributed/test_ddp_plan.py
+measures)."""
+
+from __future__ import annotations
+
+from memfit.config.schema import Config
+from memfit.plan import estimate, meta, plan, with_overrides
+from memfit.plan.costs import grad_bytes, trainable_params
+from memfit.plan.per_device import ddp_bucket_bytes
+from memfit.plan.planner import load_plan_config
+from memfit.plan.strategies import strategies
+
+ONE = {"distributed.strategy": "none", "distributed.nproc": 1}
+DDP = {"distributed.strategy": "ddp", "distributed.nproc": 2}
+
+
+def tiny_llama(*overrides: str) -> Config:
+    return load_plan_config(None, ["model.preset=tiny-llama", "data.max_length=64",
+                                   "train.micro_batch_size=1", *overrides])
+
+
+def all_grad_bytes(config: Config) -> int:
+    return grad_bytes(trainable_params(meta.build(config).model, config))
+
+
+def test_ddp_holds_one_process_bytes_and_its_buckets_for_the_whole_step():
+    config = tiny_llama("optimizer.name=adamw")
+    one = estimate(with_overrides(config, ONE), "cpu")
+    ddp = estimate(with_overrides(config, DDP), "cpu")
+    assert one.bytes["grads"] == 0  # one process peaks at the end of forward, before grads
+    for category in ("weights", "optimizer", "activations"):
+        assert ddp.bytes[category] == one.bytes[category]
+    # ... where DDP's buckets already hold every gradient.
+    assert ddp.peak_tensor_bytes == one.peak_tensor_bytes + all_grad_bytes(config)
+
+
+def test_accumulating_under_ddp_keeps_the_earlier_micro_batches_grads_beside_the_buckets():
+    config = tiny_llama("optimizer.name=adamw", "train.gradient_accumulation_steps=2")
+    assert estimate(with_overrides(config, DDP), "cpu").bytes["grads"] == \
+        2 * all_grad_bytes(config)
+
+
+def test_galore_weights_projected_in_backward_are_reduced_outside_ddp_buckets():
+    config = with_overrides(tiny_llama("optimizer.name=galore", "optimizer.galore.rank=16"),
+                            DDP)
+    params = trainable_params(meta.build(config).model, config)
+    unprojected = sum(p.nbytes for p in params if not p.projected)
+    assert 0 < unprojected < grad_bytes(params)
+    assert ddp_bucket_bytes(params, config) == unprojected
+    full_gradients = with_overrides(config, {"optimizer.galore.project_in_backward": False})
+    assert ddp_bucket_bytes(params, full_gradients) == grad_bytes(params)
+    assert ddp_bucket_bytes(params, with_overrides(config, {"optimizer.layerwise": True})) == 0
+
+
+def test_layerwise_under_ddp_adds_the_gradient_whose_reduction_is_in_flight():
+    config = tiny_llama("optimizer.layerwise=true")
+    one = estimate(with_overrides(config, ONE), "cpu")
+    ddp = estimate(with_overrides(config, DDP), "cpu")
+    sizes = sorted(p.nbytes for p in trainable_params(meta.build(config).model, config))
+    assert ddp.peak_tensor_bytes - one.peak_tensor_bytes == sizes[-2]
+
+
+def test_two_devices_plan_every_strategy_under_ddp_and_fsdp():
+    result = plan(tiny_llama(), "64MiB", device="cpu", devices=2)
+    ladder = [name for name, _ in strategies(chunked_loss_ok=True)]
+    planned = [row.name for row in result.strategies]
+    # ddp first, in the ladder's order, then fsdp: FSDP2's refusals are skipped for fsdp only.
+    assert planned[:len(ladder)] == [f"ddp:{name}" for name in ladder]
+    assert planned[len(ladder):] == [f"fsdp:{name}" for name in ladder
+                                     if f"fsdp:{name}" not in result.skipped]
+    assert "fsdp:full-adamw8bit" in result.skipped and "ddp:full-adamw8bit" in planned
+    assert all(why.startswith("FSDP2 cannot train it") for why in result.skipped.values())
+    for row in result.strategies:
+        assert row.overrides["distributed.strategy"] == row.name.split(":")[0] == row.distributed
+        assert row.overrides["distributed.nproc"] == 2
+    assert result.recommended == "ddp:full-adamw"
+    assert result.recommended_overrides["distributed.strategy"] == "ddp"
+    assert result.reason.startswith("data parallel (ddp)")
+    as_json = result.to_json()
+    assert as_json["devices"] == 2 and as_json["config"]["distributed"] == "ddp"
+    assert as_json["skipped"] == result.skipped
+
+
+def test_the_given_config_is_planned_under_its_own_strategy_and_process_count():
+    config = tiny_llama("distributed.strategy=fsdp", "distributed.nproc=2")
+    result = plan(config, "64MiB", device="cpu")  # devices: distributed.nproc
+    assert result.devices == 2 and result.config_distributed == "fsdp"
+    assert result.config == estimate(config, "cpu")
+    assert result.config.bytes["weights"] < estimate(with_overrides(config, DDP),
+                                                     "cpu").bytes["weights"]
+
+
+def test_ddp_recommends_8bit_adamw_before_galore_and_before_fsdp():
+    result = plan(tiny_llama(), 2_250_000, device="cpu", devices=2)
+    fits = {row.name for row in result.strategies if row.fits}
+    assert not any(name.startswith("ddp:full-adamw") and "8bit" not in name for name in fits)
+    assert {"ddp:full-adamw8bit", "ddp:full-galore+ckpt", "fsdp:full-adamw+ckpt"} <= fits
+    assert result.recommended == "ddp:full-adamw8bit"
+
+
+def test_fsdp_is_recommended_when_no_strategy_fits_one_device():
+    config = tiny_llama()
+    result = plan(config, 760_000, device="cpu", devices=2)
+    assert not any(row.fits for row in result.strategies if row.distributed == "ddp")
+    first_fsdp = next(row for row in result.strategies if row.fits)
+    assert result.recommended == first_fsdp.name and first_fsdp.distributed == "fsdp"
+    assert result.reason.startswith("FSDP2 (fsdp): no strategy fits one device under data "
+                                    "parallel (the smallest, ddp:")
