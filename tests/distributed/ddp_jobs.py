@@ -4,9 +4,10 @@ torch and transformers instead of paying it per case.
 
     {"train": CONFIG.yaml}                          memfit.train(CONFIG)
     {"train": CONFIG.yaml, "resume": RUN}           memfit.train(CONFIG, resume=RUN)
-    {"projectors": CONFIG.yaml, "steps": 3, "out": DIR}
-        3 optimizer steps of the real training step; each rank then writes its GaLore
-        projectors P (by parameter name) to DIR/rank-R.safetensors.
+    {"state": CONFIG.yaml, "steps": 3, "out": DIR}
+        3 optimizer steps of the real training step; each rank then writes what it holds
+        to DIR/rank-R.safetensors: its trainable weights (``weight/NAME``), GaLore
+        projectors P (``projector/NAME``) and the gradient scaler's scale (``scale``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import torch.distributed as dist
 from safetensors.torch import save_file
 
 from memfit import distributed
-from memfit.config import from_mapping
+from memfit.config import Config, from_mapping
 from memfit.config.load import read_yaml
 from memfit.training.api import train
 from memfit.training.batches import BatchStream
@@ -34,27 +35,38 @@ def _projectors(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]
     return inner if inner is not None else [optimizer]
 
 
-def _write_projectors(config_path: str, steps: int, out: Path) -> None:
+def _state_after_steps(config: Config, steps: int) -> dict[str, torch.Tensor]:
+    run = build_run(config)
+    stream = BatchStream(run.splits.train, config.train.micro_batch_size, config.train.seed,
+                         run.collate, rank=distributed.rank(),
+                         world_size=distributed.world_size())
+    for _ in range(steps):
+        batches = [stream.next_batch() for _ in range(config.train.gradient_accumulation_steps)]
+        items = distributed.all_reduce_sum(sum(run.objective.count(b) for b in batches))
+        optimizer_step(step_parts(run), batches, items)
+    names = {id(p): name for name, p in run.model.named_parameters()}
+    found = {f"projector/{names[id(p)]}": state["projector"].contiguous()
+             for optimizer in _projectors(run.optimizer)
+             for p, state in optimizer.state.items() if "projector" in state}
+    found.update({f"weight/{name}": p.detach().clone()
+                  for name, p in run.model.named_parameters() if p.requires_grad})
+    if run.scaler is not None:
+        found["scale"] = torch.tensor(run.scaler.get_scale())
+    run.replicas.close()
+    return found
+
+
+def _write_state(config_path: str, steps: int, out: Path) -> None:
     config = from_mapping(read_yaml(config_path))
     distributed.setup(config)
+    rank = distributed.rank()
     try:
-        run = build_run(config)
-        stream = BatchStream(run.splits.train, config.train.micro_batch_size,
-                             config.train.seed, run.collate,
-                             rank=distributed.rank(), world_size=distributed.world_size())
-        for _ in range(steps):
-            batches = [stream.next_batch()
-                       for _ in range(config.train.gradient_accumulation_steps)]
-            items = distributed.all_reduce_sum(sum(run.objective.count(b) for b in batches))
-            optimizer_step(step_parts(run), batches, items)
-        names = {id(p): name for name, p in run.model.named_parameters()}
-        found = {names[id(p)]: state["projector"].contiguous()
-                 for optimizer in _projectors(run.optimizer)
-                 for p, state in optimizer.state.items() if "projector" in state}
-        out.mkdir(parents=True, exist_ok=True)
-        save_file(found, out / f"rank-{distributed.rank()}.safetensors")
+        # Returned, not kept: the run (and its DDP) is gone before the group is destroyed.
+        state = _state_after_steps(config, steps)
     finally:
         distributed.teardown()
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, out / f"rank-{rank}.safetensors")
 
 
 def _join_group_for(job: int) -> None:
@@ -74,7 +86,7 @@ def main(jobs_file: str) -> None:
         if "train" in job:
             train(job["train"], resume=job.get("resume"))
         else:
-            _write_projectors(job["projectors"], job["steps"], Path(job["out"]))
+            _write_state(job["state"], job["steps"], Path(job["out"]))
 
 
 if __name__ == "__main__":

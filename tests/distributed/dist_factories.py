@@ -1,5 +1,6 @@
-"""A ``model.factory`` model for the failing-rank test: rank 1 raises on its third
-forward, while rank 0 is waiting for it in a collective."""
+"""``model.factory`` models that misbehave on rank 1 alone: one raises on its third
+forward while rank 0 waits for it in a collective (the failing-rank test); one overflows
+its fp16 gradient in its second step (the gradient scaler must skip it on every rank)."""
 
 from __future__ import annotations
 
@@ -30,3 +31,41 @@ class FailsOnRankOne(nn.Module):
 
 def fails_on_rank_one() -> nn.Module:
     return FailsOnRankOne()
+
+
+class _InfGradientOnRankOne(torch.autograd.Function):
+    """Identity whose backward, on rank 1 only and in the model's second backward, makes
+    the gradient inf (the loss stays finite)."""
+
+    @staticmethod
+    def forward(ctx, output: torch.Tensor, model: nn.Module) -> torch.Tensor:
+        ctx.model = model
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.model.backwards += 1
+        if dist.get_rank() == 1 and ctx.model.backwards == 2:
+            grad = grad * float("inf")
+        return grad, None
+
+
+class InfGradientOnRankOne(nn.Module):
+    """A regression whose gradient overflows on rank 1 alone, in its second step."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
+        self.head = nn.Linear(8, 1)
+        self.backwards = 0
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        hidden = inputs
+        for block in self.blocks:
+            hidden = torch.relu(block(hidden))
+        output = _InfGradientOnRankOne.apply(self.head(hidden), self)
+        return F.mse_loss(output.float(), targets)
+
+
+def inf_gradient_on_rank_one() -> nn.Module:
+    return InfGradientOnRankOne()

@@ -1,7 +1,8 @@
 """Data parallel (distributed.strategy=ddp) on 2 gloo processes equals one process on the
-same global batch, for every optimizer and for layer-wise updates, with gradient
-accumulation; its checkpoints resume on 1 process from 2 and on 2 from 1; GaLore reduces
-its projected gradients (fewer bytes) and every rank derives bitwise the same projector.
+same global batch, for every optimizer, layer-wise updates and LoRA with checkpointing
+and chunked loss, with gradient accumulation. Its checkpoints resume on 1 process from 2
+and on 2 from 1; GaLore reduces its projected gradients (fewer bytes) and every rank
+derives bitwise the same projector; an fp16 inf gradient on one rank is skipped by all.
 
 All 2-process work runs in ONE torchrun job (ddp_jobs.py), so the cases share a start-up.
 """
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
@@ -29,15 +31,19 @@ pytestmark = pytest.mark.slow
 STEPS = 5
 GALORE = {"name": "galore", "galore": {"projector": "randomized_svd", "rank": 4,
                                        "update_gap": 2}}
-# name -> optimizer section; every case accumulates 2 micro-batches per step.
+# name -> the config sections it sets; every case accumulates 2 micro-batches per step.
 CASES = {
     "adamw": {},
-    "adamw8bit": {"name": "adamw8bit"},
-    "adafactor": {"name": "adafactor"},
-    "galore": GALORE,
-    "galore-online": {"name": "galore", "galore": {"projector": "online", "rank": 4}},
-    "layerwise-adamw": {"layerwise": True},
-    "layerwise-galore": {**GALORE, "layerwise": True},
+    "adamw8bit": {"optimizer": {"name": "adamw8bit"}},
+    "adafactor": {"optimizer": {"name": "adafactor"}},
+    "galore": {"optimizer": GALORE},
+    "galore-online": {"optimizer": {"name": "galore",
+                                    "galore": {"projector": "online", "rank": 4}}},
+    "layerwise-adamw": {"optimizer": {"layerwise": True}},
+    "layerwise-galore": {"optimizer": {**GALORE, "layerwise": True}},
+    "lora-checkpointed-chunked": {"adapter": {"kind": "lora"},
+                                  "memory": {"gradient_checkpointing": True,
+                                             "chunked_loss": True}},
 }
 # 8-bit AdamW quantizes its moments in blocks; 2 processes sum the same gradients in
 # another order, and a last-bit difference could move a moment to the next 8-bit code.
@@ -46,12 +52,25 @@ CASES = {
 TOLERANCE = {"adamw8bit": 1e-4}
 
 
-def _config(root: Path, name: str, data: Path, processes: int, optimizer: dict,
+def _config(root: Path, name: str, data: Path, processes: int, case: dict,
             strategy: str = "ddp") -> Path:
-    return run_config(root, name, data, optimizer={"lr": 1e-3, **optimizer},
+    return run_config(root, name, data, **case,
                       train={"max_steps": STEPS, "micro_batch_size": 8 // (2 * processes),
                              "keep_checkpoints": 3},
                       distributed={"strategy": strategy, "nproc": processes})
+
+
+def _fp16_config(root: Path) -> Path:
+    generator = np.random.default_rng(0)
+    np.savez(root / "rows.npz", inputs=generator.normal(size=(32, 8)).astype(np.float32),
+             targets=generator.normal(size=(32, 1)).astype(np.float32))
+    path = root / "fp16.yaml"
+    path.write_text(yaml.safe_dump({
+        "model": {"factory": "dist_factories:inf_gradient_on_rank_one", "task": "custom"},
+        "data": {"path": str(root / "rows.npz"), "format": "tensors", "eval_fraction": 0},
+        "train": {"output_dir": str(root / "fp16"), "micro_batch_size": 2},
+        "precision": "fp16", "distributed": {"strategy": "ddp", "nproc": 2}}))
+    return path
 
 
 def _resume_config(run: Path, processes: int) -> Path:
@@ -83,13 +102,14 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("ddp")
     data = write_text_rows(root / "rows.jsonl")
     jobs = []
-    for name, optimizer in CASES.items():
-        train(_config(root, f"{name}-1", data, 1, optimizer,
+    for name, case in CASES.items():
+        train(_config(root, f"{name}-1", data, 1, case,
                       strategy="ddp" if name == "adamw" else "none"))
-        jobs.append({"train": str(_config(root, f"{name}-2", data, 2, optimizer))})
+        jobs.append({"train": str(_config(root, f"{name}-2", data, 2, case))})
     for name in ("galore", "layerwise-galore"):
-        jobs.append({"projectors": str(root / f"{name}-2.yaml"), "steps": 3,
-                     "out": str(root / f"{name}-projectors")})
+        jobs.append({"state": str(root / f"{name}-2.yaml"), "steps": 3,
+                     "out": str(root / f"{name}-state")})
+    jobs.append({"state": str(_fp16_config(root)), "steps": 3, "out": str(root / "fp16-state")})
     resumed = _interrupted_copy(root, "adamw-1", "resumed-1to2")
     jobs.append({"train": str(_resume_config(resumed, 2)), "resume": str(resumed)})
     (root / "jobs.json").write_text(json.dumps(jobs))
@@ -136,13 +156,27 @@ def test_galore_reduces_projected_gradients_on_steps_that_keep_its_projector(run
     assert layerwise[1::2] == galore[1::2]
 
 
-@pytest.mark.parametrize("name", ["galore", "layerwise-galore"])
-def test_every_rank_derives_bitwise_the_same_projector(runs: Path, name: str):
-    folder = runs / f"{name}-projectors"
+def _state_of_both_ranks(folder: Path) -> tuple[dict, dict]:
     first, second = (load_file(folder / f"rank-{rank}.safetensors") for rank in (0, 1))
-    assert first and first.keys() == second.keys()
+    assert first.keys() == second.keys()
     for key in first:
         assert torch.equal(first[key], second[key]), key
+    return first, second
+
+
+@pytest.mark.parametrize("name", ["galore", "layerwise-galore"])
+def test_every_rank_derives_bitwise_the_same_projector(runs: Path, name: str):
+    first, _ = _state_of_both_ranks(runs / f"{name}-state")
+    assert any(key.startswith("projector/") for key in first)
+
+
+def test_an_inf_gradient_on_one_rank_is_skipped_by_every_rank(runs: Path):
+    """fp16: rank 1's gradient overflows in step 2; the summed gradients are inf on both
+    ranks, so both scalers skip that step and halve the scale, and the weights stay
+    equal. (Step 1 overflows at the initial scale 2^16 on any number of processes — one
+    process, measured: grad_norm inf at step 1, finite at steps 2 and 3 — so two skips.)"""
+    first, _ = _state_of_both_ranks(runs / "fp16-state")
+    assert float(first["scale"]) == 2.0 ** 16 / 4
 
 
 def test_a_one_process_checkpoint_resumes_on_two(runs: Path):

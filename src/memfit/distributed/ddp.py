@@ -139,3 +139,9 @@ class Replicas:
         tensors += getattr(self._optimizer, "projected_gradients", list)()
         for work in [self.reduced_bytes.all_reduce(tensor) for tensor in tensors]:
             work.wait()
+
+    def close(self) -> None:
+        """Drop DDP (its reducer holds the process group) while the group still exists:
+        a gloo group freed after ``destroy_process_group`` can hang joining its threads,
+        and a failed run's traceback would otherwise keep DDP alive past the teardown."""
+        self._ddp = None

@@ -105,7 +105,7 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
         config, choice = auto_fit(config)
         print(f"memfit: memory.auto chose {choice['strategy']}: {choice['reason']}",
               file=sys.stderr)
-    folder = None
+    folder = run = None
     try:
         if resume is not None:
             folder = open_run_folder(resume) if main else None
@@ -134,6 +134,8 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
     finally:
         if folder is not None:
             folder.close()
+        if run is not None and run.replicas is not None:
+            run.replicas.close()  # before train() destroys the process group
 
 
 def _write_adapter_map(run: Run, run_dir: Path) -> None:
