@@ -57,8 +57,7 @@ def _state_after_steps(config: Config, steps: int) -> dict[str, torch.Tensor]:
 
 
 def _write_state(config_path: str, steps: int, out: Path) -> None:
-    config = from_mapping(read_yaml(config_path))
-    distributed.setup(config)
+    config = distributed.setup(from_mapping(read_yaml(config_path)))
     rank = distributed.rank()
     try:
         # Returned, not kept: the run (and its DDP) is gone before the group is destroyed.

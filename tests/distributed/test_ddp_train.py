@@ -57,7 +57,7 @@ def _config(root: Path, name: str, data: Path, processes: int, case: dict,
     return run_config(root, name, data, **case,
                       train={"max_steps": STEPS, "micro_batch_size": 8 // (2 * processes),
                              "keep_checkpoints": 3},
-                      distributed={"strategy": strategy, "nproc": processes})
+                      distributed={"strategy": strategy})  # torchrun says how many
 
 
 def _fp16_config(root: Path) -> Path:
@@ -182,6 +182,13 @@ def test_an_inf_gradient_on_one_rank_is_skipped_by_every_rank(runs: Path):
 def test_a_one_process_checkpoint_resumes_on_two(runs: Path):
     assert _losses(runs / "resumed-1to2") == pytest.approx(
         {step: _losses(runs / "adamw-1")[step] for step in range(3, STEPS + 1)}, rel=1e-5)
+
+
+def test_a_launched_run_records_its_processes(runs: Path):
+    """Started by torchrun with distributed.nproc left at 1: config.yaml says 2, so a
+    resume on one process knows the global batch (checked by the next test)."""
+    assert yaml.safe_load((runs / "adamw-2" / "config.yaml").read_text())[
+        "distributed"]["nproc"] == 2
 
 
 def test_a_two_process_checkpoint_resumes_on_one(runs: Path):

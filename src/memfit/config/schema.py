@@ -462,7 +462,9 @@ class DistributedConfig:
         "(FSDP2: weights, gradients and state sharded); launch with --nproc N, torchrun or "
         "accelerate launch.",
         default=DistributedStrategy.NONE)
-    nproc: int = doc("Processes to launch on this machine.", default=1)
+    nproc: int = doc("Processes: what `memfit train --nproc N` starts on this machine; under "
+                     "another launcher (torchrun, accelerate) its WORLD_SIZE, recorded in the "
+                     "run's config.yaml.", default=1)
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ and checkpoint format serve one process and many.
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -46,21 +47,26 @@ def _refuse_accelerate_without_workers() -> None:
                           "(also on CPUs) or set distributed_type: MULTI_GPU in its config")
 
 
-def setup(config: Config) -> None:
-    """Join (or create) the process group a ``distributed.strategy=ddp|fsdp`` run needs."""
+def setup(config: Config) -> Config:
+    """Join (or create) the process group a ``distributed.strategy=ddp|fsdp`` run needs.
+    Returns ``config`` with ``distributed.nproc`` set to the processes a launcher started
+    (torchrun, accelerate) when it was left at 1, so that the run's config.yaml records the
+    global batch it trains with (what a resume compares)."""
     _refuse_accelerate_without_workers()
     world = launched_world_size()
     if config.distributed.strategy is DistributedStrategy.NONE:
         if world is not None and world > 1:
             raise ConfigError(f"launched as {world} processes (WORLD_SIZE={world}) but "
-                              "distributed.strategy=none; set distributed.strategy=ddp (each process "
-                              "holds the whole model) or fsdp (sharded)")
-        return
+                              "distributed.strategy=none; set distributed.strategy=ddp (each "
+                              "process holds the whole model) or fsdp (sharded)")
+        return config
     if world is None and config.distributed.nproc > 1:
         raise ConfigError(f"distributed.nproc={config.distributed.nproc}: start the processes "
                           "with `memfit train --nproc N` or torchrun; this call runs in one")
+    if world is not None and config.distributed.nproc == 1:
+        config = replace(config, distributed=replace(config.distributed, nproc=world))
     if dist.is_initialized():
-        return
+        return config
     # CPU tensors (item counts, losses) travel over gloo, CUDA ones over NCCL.
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     if world is None:
@@ -70,6 +76,7 @@ def setup(config: Config) -> None:
         dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)  # env:// from torchrun
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())
+    return config
 
 
 def teardown() -> None:

@@ -75,8 +75,7 @@ def train(config: Config | dict | str | Path, resume: str | Path | None = None) 
     ``resume``: a run folder; training continues from its newest checkpoint.
     With distributed.strategy=ddp or fsdp this joins (or creates) the process group first.
     """
-    config = _as_config(config)
-    distributed.setup(config)
+    config = distributed.setup(_as_config(config))
     try:
         return _train(config, resume)
     finally:
