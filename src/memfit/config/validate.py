@@ -236,7 +236,9 @@ def _check_distributed(config: Config) -> None:
         return  # every optimizer and technique works under data parallel
     why = fsdp_incompatibility(config)
     if why is not None:
-        raise ConfigError(f"distributed.strategy=fsdp cannot be combined with {why}")
+        raise ConfigError(f"distributed.strategy=fsdp cannot be combined with {why} (or "
+                          "use distributed.strategy=ddp, which trains it when the model fits "
+                          "on one device)")
 
 
 def _check_nonfinite(config: Config) -> None:
