@@ -1,4 +1,4 @@
-"""Faults on one rank of an FSDP job: every rank reaches the same decision at the same
+"""Faults on one rank of an FSDP or DDP job: every rank reaches the same decision at the same
 step (a nan loss on rank 1 stops both; a SIGTERM to rank 1 makes both save that step and
 stop), instead of one rank waiting forever in a collective. The subprocess timeouts only
 guard against such a hang."""
@@ -21,7 +21,7 @@ from memfit.monitor.metrics import losses_by_step, read_metrics
 pytestmark = pytest.mark.slow
 
 
-def config_file(tmp_path: Path, factory: str) -> Path:
+def config_file(tmp_path: Path, factory: str, strategy: str = "fsdp") -> Path:
     generator = np.random.default_rng(0)
     np.savez(tmp_path / "rows.npz", inputs=generator.normal(size=(32, 8)).astype(np.float32),
              targets=generator.normal(size=(32, 1)).astype(np.float32))
@@ -31,7 +31,7 @@ def config_file(tmp_path: Path, factory: str) -> Path:
         f"data: {{path: {tmp_path / 'rows.npz'}, format: tensors, eval_fraction: 0}}\n"
         f"train: {{output_dir: {tmp_path / 'run'}, max_steps: 6, micro_batch_size: 2, "
         "save_every: 2}\n"
-        "distributed: {strategy: fsdp}\n"
+        f"distributed: {{strategy: {strategy}}}\n"
         "log: {progress: false, tensorboard: false}\n")
     return config
 
@@ -46,9 +46,11 @@ def lines_from_the_ranks(stderr: str, start: str) -> list[str]:
     return found
 
 
-def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path: Path):
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path: Path, strategy: str):
     run = tmp_path / "run"
-    result = memfit("train", str(config_file(tmp_path, "nan_on_rank_one")), "--nproc", "2",
+    result = memfit("train", str(config_file(tmp_path, "nan_on_rank_one", strategy)),
+                    "--nproc", "2",
                     cwd=tmp_path, timeout=240)
     assert result.returncode != 0
     for line in lines_from_the_ranks(result.stderr, "memfit: error: loss became nan"):
@@ -58,10 +60,12 @@ def test_a_nan_loss_on_one_rank_stops_every_rank_at_that_step(tmp_path: Path):
     assert not (run / "summary.json").exists()
 
 
-def test_sigterm_to_one_rank_saves_that_step_on_every_rank_then_resumes(tmp_path: Path):
+@pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
+def test_sigterm_to_one_rank_saves_that_step_on_every_rank_then_resumes(tmp_path: Path,
+                                                                         strategy: str):
     run = tmp_path / "run"
-    stopped = memfit("train", str(config_file(tmp_path, "sigterm_on_rank_one")), "--nproc", "2",
-                     cwd=tmp_path, timeout=240)
+    stopped = memfit("train", str(config_file(tmp_path, "sigterm_on_rank_one", strategy)),
+                     "--nproc", "2", cwd=tmp_path, timeout=240)
     assert stopped.returncode != 0
     assert set(lines_from_the_ranks(stopped.stderr, "memfit: stopped by")) == {
         f"memfit: stopped by SIGTERM after step 3; checkpoint saved: {run}/checkpoints/step-3; "
