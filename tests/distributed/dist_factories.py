@@ -12,21 +12,31 @@ from torch import nn
 FAILURE = "rank 1 failed on purpose at forward 3"
 
 
-class FailsOnRankOne(nn.Module):
+class Regression(nn.Module):
+    """Two ReLU blocks and a linear head on 8 features: the model these tests break."""
+
     def __init__(self):
         super().__init__()
         self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
         self.head = nn.Linear(8, 1)
+
+    def output(self, inputs: torch.Tensor) -> torch.Tensor:
+        hidden = inputs
+        for block in self.blocks:
+            hidden = torch.relu(block(hidden))
+        return self.head(hidden)
+
+
+class FailsOnRankOne(Regression):
+    def __init__(self):
+        super().__init__()
         self.forwards = 0
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         self.forwards += 1
         if dist.get_rank() == 1 and self.forwards == 3:
             raise RuntimeError(FAILURE)
-        hidden = inputs
-        for block in self.blocks:
-            hidden = torch.relu(block(hidden))
-        return F.mse_loss(self.head(hidden), targets)
+        return F.mse_loss(self.output(inputs), targets)
 
 
 def fails_on_rank_one() -> nn.Module:
@@ -50,20 +60,15 @@ class _InfGradientOnRankOne(torch.autograd.Function):
         return grad, None
 
 
-class InfGradientOnRankOne(nn.Module):
+class InfGradientOnRankOne(Regression):
     """A regression whose gradient overflows on rank 1 alone, in its second step."""
 
     def __init__(self):
         super().__init__()
-        self.blocks = nn.ModuleList([nn.Linear(8, 8), nn.Linear(8, 8)])
-        self.head = nn.Linear(8, 1)
         self.backwards = 0
 
     def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        hidden = inputs
-        for block in self.blocks:
-            hidden = torch.relu(block(hidden))
-        output = _InfGradientOnRankOne.apply(self.head(hidden), self)
+        output = _InfGradientOnRankOne.apply(self.output(inputs), self)
         return F.mse_loss(output.float(), targets)
 
 
