@@ -102,14 +102,14 @@ class Replicas:
         own = _reduced_by_memfit(optimizer, projects_in_backward)
         own_ids = {id(p) for p in own}
         self._own = [p for p in model.parameters() if id(p) in own_ids]  # model order
-        by_ddp = [name for name, p in model.named_parameters()
-                  if p.requires_grad and id(p) not in own_ids]
+        # Frozen weights and memfit's own: DDP neither reduces nor broadcasts them.
+        ignored = [f"model.{name}" for name, p in model.named_parameters()
+                   if not p.requires_grad or id(p) in own_ids]
         self._ddp: DistributedDataParallel | None = None
-        if by_ddp:
+        if len(ignored) < len(list(model.parameters())):
             wrapped = _LossModule(model)
-            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
-                wrapped, [f"model.{name}" for name, p in model.named_parameters()
-                          if name not in set(by_ddp)])
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(wrapped,
+                                                                                 ignored)
             self._ddp = DistributedDataParallel(
                 wrapped, device_ids=[device.index] if device.type == "cuda" else None,
                 gradient_as_bucket_view=True)

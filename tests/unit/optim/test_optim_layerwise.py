@@ -140,6 +140,53 @@ def test_galore_micro_batch_refresh_accumulates_projected_gradient() -> None:
         torch.testing.assert_close(layer.weight.detach(), oracle, rtol=1e-5, atol=1e-6)
 
 
+class _DoublingReduction:
+    """What an all-reduce over 2 processes holding the same gradient does (x2), applied
+    only when waited on — as an asynchronous one completes — so an update that did not
+    wait for its reduction would see the un-summed gradient."""
+
+    def __init__(self, tensor: torch.Tensor, started: list[torch.Tensor]):
+        self.tensor = tensor
+        started.append(tensor)
+
+    def wait(self) -> None:
+        self.tensor.mul_(2)
+
+
+@pytest.mark.parametrize("make_optimizer", [
+    lambda groups: torch.optim.SGD(groups, lr=1e-2),
+    lambda groups: GaLore(groups, lr=1e-2, rank=3, update_gap=2, seed=3),
+], ids=["sgd", "galore"])
+def test_reduced_across_processes_equals_the_summed_loss(make_optimizer) -> None:
+    """Oracle: 2 identical processes sum the gradients, which is the gradient of twice the
+    loss (x2 is exact in floating point, so the results are bitwise equal). GaLore's
+    micro_batch refresh takes P from the summed first gradient, then sums the R buffers."""
+    data = _data(4)
+    reduced, reference = _model(), _model()
+    started: list[torch.Tensor] = []
+    optimizer = LayerwiseOptimizer(reduced.parameters(), make_optimizer=make_optimizer,
+                                   gradient_accumulation_steps=MICRO_BATCHES,
+                                   max_grad_norm=0.5)
+    optimizer.reduce_across_processes(lambda tensor: _DoublingReduction(tensor, started))
+    twice = LayerwiseOptimizer(reference.parameters(), make_optimizer=make_optimizer,
+                               gradient_accumulation_steps=MICRO_BATCHES, max_grad_norm=0.5)
+    for micro_batches in data:
+        for index, batch in enumerate(micro_batches):
+            optimizer.begin_micro_batch(index)
+            _loss(reduced, batch).backward()
+            twice.begin_micro_batch(index)
+            (2 * _loss(reference, batch)).backward()
+        optimizer.step()
+        twice.step()
+        assert optimizer.grad_norm == twice.grad_norm
+    for a, b in zip(reduced.parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b)
+    # One reduction per parameter and step, plus GaLore's refresh copies (steps 1 and 3).
+    expected = 4 * len(data) + (2 * 2 if isinstance(optimizer.inner_optimizers[0], GaLore)
+                                else 0)
+    assert len(started) == expected
+
+
 def test_scheduler_reaches_inner_optimizers() -> None:
     model = _model()
     optimizer = LayerwiseOptimizer(
