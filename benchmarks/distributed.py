@@ -1,0 +1,197 @@
+"""Data parallel (distributed.strategy=ddp) on 2 gloo CPU processes: each rank's peak
+memory beside one process's, the bytes all-reduced per step, and the planner's bytes per
+device against the measurement, for each optimizer.
+
+    python benchmarks/distributed.py [--steps 4] [--quick]
+
+The 69M Llama of benchmarks/memory_techniques.py (hidden 768, 8 layers, 12 heads,
+intermediate 2064, vocab 8000, untied head; ``--quick``: hidden 256, 4 layers, vocab 2000)
+with random weights and a byte-level tokenizer, saved once; a text file packed into
+sequences of 64 tokens; micro-batch 1 per process, no accumulation, ``--steps`` steps of
+``memfit.train`` with memory measured on every step (CPU: the tensor tracker's exact live
+storages). Optimizers: AdamW, 8-bit AdamW, Adafactor, GaLore (randomized_svd, rank 128 =
+hidden / 6, update_gap 2: steps 1 and 3 refresh P from the full gradient, 2 and 4 take
+R = P^T G from backward), and layer-wise AdamW and GaLore.
+
+Every case runs twice, each run in processes of its own: on 2 processes under ddp (one
+torchrun job) and on 1 (distributed.strategy=none). Columns: the highest measured step of
+each, per rank; ``plan``: ``memfit plan --devices 2``'s bytes per device for the case's
+config (``Plan.config``, the config under ddp on 2 processes, as ``memfit.plan.estimate``
+computes it); ``plan/max``: against the larger rank's peak; bytes all-reduced per step by
+rank 0 (``allreduce_bytes`` of metrics.jsonl), for GaLore on steps that keep P and on
+those that refresh it. The target: GaLore's keep-P steps all-reduce at most 0.3 x what
+AdamW does.
+
+Runtime on 2 CPU cores: about 8 minutes (--quick: about 3), most of it starting 12 runs,
+loading the model in each process and writing each run's final checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from memfit.bench.process import CaseFailed, add_case_arguments, run_in_own_process, write_result
+from memfit.bench.random_llama import LLAMA_69M, LlamaShape, llama_config, save_random_model
+from memfit.bench.table import text_table
+from memfit.config.schema import Config
+
+MIB = 2**20
+SEQUENCE, STEPS, UPDATE_GAP, LR = 64, 4, 2, 1e-4
+QUICK = LlamaShape(hidden=256, layers=4, heads=4, intermediate=688, vocab=2000)
+GALORE = {"optimizer.name": "galore", "optimizer.galore.projector": "randomized_svd",
+          "optimizer.galore.update_gap": UPDATE_GAP}
+CASES: dict[str, dict[str, Any]] = {
+    "adamw": {"optimizer.name": "adamw"},
+    "adamw8bit": {"optimizer.name": "adamw8bit"},
+    "adafactor": {"optimizer.name": "adafactor"},
+    "galore randomized_svd": GALORE,
+    "layer-wise adamw": {"optimizer.name": "adamw", "optimizer.layerwise": True},
+    "layer-wise galore": {**GALORE, "optimizer.layerwise": True},
+}
+ADAMW, GALORE_CASES = "adamw", ("galore randomized_svd", "layer-wise galore")
+PROCESSES = (2, 1)
+
+
+def galore_rank(shape: LlamaShape) -> int:
+    return shape.hidden // 6  # 128 for the 69M model, as benchmarks/optimizers.py
+
+
+def case_config(case: str, folder: Path, processes: int, steps: int, shape: LlamaShape,
+                output_dir: Path) -> Config:
+    """What the case trains: its optimizer settings on the shared model, data and steps."""
+    from memfit.config import from_mapping
+    from memfit.config.load import parse_overrides
+
+    strategy = "ddp" if processes > 1 else "none"
+    settings = {
+        "model.path": folder / "model", "data.path": folder / "text.txt",
+        "data.format": "text", "data.max_length": SEQUENCE, "data.eval_fraction": 0.0,
+        "train.micro_batch_size": 1, "train.max_steps": steps, "train.output_dir": output_dir,
+        "optimizer.lr": LR, "optimizer.galore.rank": galore_rank(shape),
+        "log.progress": False, "log.tensorboard": False, "log.memory_every": 1,
+        "distributed.strategy": strategy, "distributed.nproc": processes, **CASES[case]}
+    return from_mapping(parse_overrides([f"{key}={value}" for key, value in settings.items()]))
+
+
+def write_inputs(folder: Path, shape: LlamaShape) -> int:
+    """The model (with a byte-level tokenizer) and the text; returns the parameter count."""
+    from memfit.models.tokenizers import byte_level_tokenizer
+
+    words = ["north", "amber", "quartz", "meadow", "signal", "harbor", "linen", "cedar"]
+    (folder / "text.txt").write_text("\n".join(
+        " ".join(words[(row * 3 + k) % len(words)] for k in range(40)) for row in range(64)))
+    return save_random_model(folder / "model", llama_config(shape), byte_level_tokenizer())
+
+
+def child(arguments: argparse.Namespace, shape: LlamaShape) -> None:
+    """One rank of one run: train, and hand back this rank's peak."""
+    from memfit.training.api import train
+
+    rank = int(os.environ.get("RANK", "0"))
+    config = case_config(arguments.case, Path(arguments.model), arguments.processes,
+                         arguments.steps, shape, arguments.out)
+    result = train(config)
+    write_result(rank_result(arguments.result, rank), {"peak_bytes": result.peak_bytes})
+
+
+def rank_result(result: Path, rank: int) -> Path:
+    return result.with_name(f"{result.stem}.rank-{rank}.json")
+
+
+def run(case: str, folder: Path, processes: int, steps: int, quick: bool) -> dict[str, Any]:
+    """Train ``case`` on ``processes`` processes; each rank's peak and rank 0's records."""
+    from memfit.monitor.metrics import read_metrics
+
+    name = f"{case.replace(' ', '-')}-{processes}"
+    out, result = folder / "runs" / name, folder / "results" / f"{name}.json"
+    launcher = (["-m", "torch.distributed.run", "--standalone",
+                 f"--nproc-per-node={processes}", "--max-restarts=0"] if processes > 1 else [])
+    peaks = [run_in_own_process(
+        [*launcher, __file__, "--child", "--case", case, "--model", str(folder),
+         "--processes", str(processes), "--steps", str(steps), "--out", str(out),
+         "--result", str(result), *(["--quick"] if quick else [])],
+        rank_result(result, 0), log=folder / "logs" / f"{name}.log")["peak_bytes"]]
+    peaks += [json.loads(rank_result(result, rank).read_text())["peak_bytes"]
+              for rank in range(1, processes)]
+    return {"peaks": peaks, "records": [r for r in read_metrics(out) if "loss" in r]}
+
+
+def refreshes(step: int) -> bool:
+    """GaLore takes a new P on steps 1, 1 + update_gap, ..."""
+    return (step - 1) % UPDATE_GAP == 0
+
+
+def reduced(records: list[dict[str, Any]], refresh: bool) -> float | None:
+    values = [r["allreduce_bytes"] for r in records if refreshes(r["step"]) == refresh]
+    return statistics.fmean(values) if values else None
+
+
+def mib(value: float | None) -> str:
+    return f"{value / MIB:.2f}" if value is not None else "-"
+
+
+def report(results: dict[str, dict[int, dict]], planned: dict[str, int]) -> None:
+    rows = []
+    for case, runs in results.items():
+        ddp, one = runs[2], runs[1]
+        galore = case in GALORE_CASES
+        rows.append([case, mib(one["peaks"][0]), *(mib(peak) for peak in ddp["peaks"]),
+                     mib(planned[case]), f"{planned[case] / max(ddp['peaks']):.3f}",
+                     mib(reduced(ddp["records"], refresh=False) if galore
+                         else statistics.fmean(r["allreduce_bytes"] for r in ddp["records"])),
+                     mib(reduced(ddp["records"], refresh=True)) if galore else "-"])
+    print(text_table([("optimizer", 24), ("1 process", 11), ("ddp rank 0", 12),
+                      ("ddp rank 1", 12), ("plan", 10), ("plan/max", 10),
+                      ("reduced/step", 14), ("refresh step", 14)], rows))
+    print("(MiB; peaks: the highest measured step's live tensor bytes; reduced/step: rank "
+          "0's all-reduced bytes per step, for GaLore on steps that keep P)")
+    if ADAMW not in results:
+        return
+    adamw = statistics.fmean(r["allreduce_bytes"] for r in results[ADAMW][2]["records"])
+    for case in GALORE_CASES:
+        if case in results:
+            ratio = reduced(results[case][2]["records"], refresh=False) / adamw
+            print(f"{case}: all-reduced on steps that keep P / adamw's = {ratio:.3f} "
+                  f"(target <= 0.3: {'met' if ratio <= 0.3 else 'NOT met'})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_case_arguments(parser)
+    parser.add_argument("--steps", type=int, default=STEPS)
+    parser.add_argument("--quick", action="store_true", help="a 4-layer model of hidden 256")
+    parser.add_argument("--processes", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
+    arguments = parser.parse_args()
+    shape = QUICK if arguments.quick else LLAMA_69M
+    if arguments.child:
+        child(arguments, shape)
+        return
+    from memfit.plan import estimate
+
+    folder = Path(tempfile.mkdtemp(prefix="memfit-distributed-"))
+    parameters = write_inputs(folder, shape)
+    print(f"Llama {parameters / 1e6:.1f}M parameters, micro-batch 1 x {SEQUENCE} tokens per "
+          f"process, {arguments.steps} steps, GaLore rank {galore_rank(shape)}; in {folder}")
+    results: dict[str, dict[int, dict]] = {}
+    planned = {}
+    for case in CASES:
+        try:
+            results[case] = {n: run(case, folder, n, arguments.steps, arguments.quick)
+                             for n in PROCESSES}
+        except CaseFailed as error:
+            print(f"{case}: failed: {error.last_line}")
+            continue
+        config = case_config(case, folder, 2, arguments.steps, shape, folder / "unused")
+        planned[case] = estimate(config, device="cpu").peak_tensor_bytes
+    report(results, planned)
+
+
+if __name__ == "__main__":
+    main()
