@@ -12,7 +12,7 @@ def test_plan_json_is_one_object(tmp_path):
                      "--budget", "64MiB", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
-    assert set(plan) == {"config", "strategies", "recommended", "reason"}
+    assert set(plan) == {"devices", "config", "strategies", "skipped", "recommended", "reason"}
 
 
 def test_plan_bad_budget_is_one_line_exit_2(tmp_path):

@@ -103,13 +103,14 @@ class Replicas:
         own_ids = {id(p) for p in own}
         self._own = [p for p in model.parameters() if id(p) in own_ids]  # model order
         # Frozen weights and memfit's own: DDP neither reduces nor broadcasts them.
-        ignored = [f"model.{name}" for name, p in model.named_parameters()
-                   if not p.requires_grad or id(p) in own_ids]
+        ignored = {name for name, p in model.named_parameters()
+                   if not p.requires_grad or id(p) in own_ids}
+        self._by_ddp = [p for name, p in model.named_parameters() if name not in ignored]
         self._ddp: DistributedDataParallel | None = None
-        if len(ignored) < len(list(model.parameters())):
+        if self._by_ddp:
             wrapped = _LossModule(model)
-            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(wrapped,
-                                                                                 ignored)
+            DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
+                wrapped, [f"model.{name}" for name in ignored])
             self._ddp = DistributedDataParallel(
                 wrapped, device_ids=[device.index] if device.type == "cuda" else None,
                 gradient_as_bucket_view=True)
@@ -139,6 +140,16 @@ class Replicas:
         tensors += getattr(self._optimizer, "projected_gradients", list)()
         for work in [self.reduced_bytes.all_reduce(tensor) for tensor in tensors]:
             work.wait()
+
+    def zero_grad(self) -> None:
+        """The optimizer's ``zero_grad(set_to_none=True)``, except that DDP's gradients are
+        zeroed in place: they stay views of its buckets, so the micro-batches under
+        ``no_sync`` accumulate into the buckets. Set to None, each would be rebuilt as a
+        fresh tensor beside its bucket (every gradient held twice while accumulating)."""
+        kept = [(p, p.grad) for p in self._by_ddp if p.grad is not None]
+        self._optimizer.zero_grad(set_to_none=True)
+        for parameter, grad in kept:
+            parameter.grad = grad.zero_()
 
     def close(self) -> None:
         """Drop DDP (its reducer holds the process group) while the group still exists:

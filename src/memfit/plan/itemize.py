@@ -19,8 +19,8 @@ As ``distributed.nproc`` processes (``--devices N`` when planning), bytes are pe
 as per_device.py says for each ``distributed.strategy``: ddp keeps one process's weights
 and state, and DDP's gradient buckets alive for the whole step (the first micro-batch
 peaks at the smaller of: its trace + the buckets, and the trace without grads + every
-grad + the one being copied in), beside the grads of earlier micro-batches when
-accumulating; layer-wise ddp adds the gradient whose all-reduce is in flight; fsdp
+grad + the one being copied in; later micro-batches accumulate into the buckets);
+layer-wise ddp adds the gradient whose all-reduce is in flight; fsdp
 divides weights, grads and state by N and adds its all-gather working set.
 
 Hugging Face models deeper than ``EXACT_DEPTH`` are built (on meta) and traced with 2 and 3
@@ -107,10 +107,8 @@ def estimate(config: Config, device: str = "cuda",
             with_grads, without, devices, sizing.block_bytes, sizing.block_trainable_bytes)
     buckets = per_device.ddp_bucket_bytes(params, config)
     accumulating = config.train.gradient_accumulation_steps > 1
-    # Every grad alive, plus the one being added to (or copied into its DDP bucket); DDP
-    # moves grads into its buckets in the last micro-batch only, so when accumulating the
-    # earlier micro-batches' grads are alive beside the buckets.
-    later_micro_batch = {"grads": grads + (buckets if accumulating else 0),
+    # Every grad alive (DDP's are its buckets), plus the one being added to them.
+    later_micro_batch = {"grads": grads,
                          "activations": without["activations"],
                          "temporaries": without["temporaries"] + largest}
     if config.optimizer.layerwise:

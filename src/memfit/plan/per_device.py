@@ -5,11 +5,10 @@ none  one process: nothing to add.
 ddp   every rank holds the whole model and the whole optimizer state, as one process.
       PyTorch DDP (``gradient_as_bucket_view=True``) keeps the gradients of the parameters
       it reduces in its flat buckets, allocated when it wraps the model: they are alive
-      for the whole step, the first micro-batch's forward included. In the micro-batch
-      that reduces (the last; ``no_sync`` before it) each fresh gradient lives only until
-      it is copied into its bucket view; the earlier micro-batches of an accumulating
-      step accumulate fresh gradients beside the buckets (zero_grad sets them to None, so
-      they are no bucket views when the step starts). GaLore weights projected in
+      for the whole step, the first micro-batch's forward included, and memfit zeroes
+      them in place between steps (``Replicas.zero_grad``), so every micro-batch
+      accumulates into them (on the very first step, before DDP has made them views,
+      each fresh gradient lives until it is copied into its bucket). GaLore weights projected in
       backward are not DDP's (memfit all-reduces their r x n projection): as one process.
       Layer-wise updates do without DDP: each gradient is all-reduced from its hook while
       the next one is computed, so one more full-size gradient is alive than in one process.

@@ -218,10 +218,7 @@ def _why_this_one(row: StrategyEstimate, rows: list[StrategyEstimate], budget: i
 def _largest_micro_batch(config: Config, row: StrategyEstimate, budget: int, device: str,
                          example_batch: ExampleBatch | None) -> Overrides | None:
     """Largest divisor b of the effective batch whose estimate fits, with effective / b
-    accumulation steps: a binary search over the divisors, whose bytes grow with b. Under
-    ddp the whole effective batch in one micro-batch is tried first: without accumulation
-    DDP holds no second copy of the gradients (per_device.py), so it can fit where a
-    smaller, accumulating micro-batch does not."""
+    accumulation steps: a binary search over the divisors, whose bytes grow with b."""
     if example_batch is not None:  # a factory's example fixes the micro-batch
         return _micro(config.train.micro_batch_size, config) if row.fits else None
     effective = config.train.micro_batch_size * config.train.gradient_accumulation_steps
@@ -233,8 +230,6 @@ def _largest_micro_batch(config: Config, row: StrategyEstimate, budget: int, dev
         candidate = with_overrides(config, {**row.overrides, **_micro(size, config)})
         return estimate(candidate, device).device_bytes <= budget
 
-    if row.distributed == DistributedStrategy.DDP.value and fits(effective):
-        return _micro(effective, config)
     low, high, best = 0, len(divisors) - 1, None
     while low <= high:
         middle = (low + high) // 2

@@ -124,7 +124,9 @@ def optimizer_step(parts: StepParts, micro_batches: list[Batch], items: int | No
         _update(parts, in_backward, verdict)
     except torch.OutOfMemoryError as error:
         raise OptimizerStepOutOfMemory(str(error)) from error
-    if parts.optimizer is not None:
+    if parts.replicas is not None:
+        parts.replicas.zero_grad()
+    elif parts.optimizer is not None:
         parts.optimizer.zero_grad(set_to_none=True)
     return StepOutcome(loss, grad_norm, verdict)
 
