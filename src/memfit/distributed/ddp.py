@@ -11,11 +11,14 @@ Who reduces which gradient:
   the ``.grad`` tensors are views into DDP's flat buckets, so no gradient is held twice.
   ``no_sync()`` on every micro-batch but the last: earlier ones accumulate locally. A comm
   hook sums (DDP's default hook averages) and counts the bytes.
-- memfit itself, for what DDP cannot see:
+- memfit itself, for what DDP cannot see or would send whole:
   - GaLore weights whose gradient arrives projected from backward (R = P^T G, r x n,
     ``optim/backward_projection.py``): R is all-reduced instead of G (m x n) on steps that
     keep P; on steps that refresh P their full gradient is reduced, so every rank takes
     its SVD from the same sum and derives bitwise the same P.
+  - input embeddings (vocab x hidden): a step's tokens touch few rows, and the other rows'
+    gradient is exactly zero on every process, so only the rows some process touched are
+    summed (one byte per row says which) — exact, and a fraction of the table's bytes.
   - layer-wise updates (``optim/layerwise.py``), which step each parameter inside backward:
     its hook starts an asynchronous all-reduce of the finished gradient and the update runs
     once it completes (while the next parameter's reduction is in flight). DDP is not used.
@@ -46,10 +49,12 @@ class ReducedBytes:
     def __init__(self) -> None:
         self._bytes = 0
 
-    def all_reduce(self, tensor: torch.Tensor) -> dist.Work:
-        """Start summing ``tensor`` over all processes, in place; wait on the handle."""
+    def all_reduce(self, tensor: torch.Tensor,
+                   op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM) -> dist.Work:
+        """Start reducing ``tensor`` (summing, by default) over all processes, in place;
+        wait on the handle."""
         self._bytes += tensor.numel() * tensor.element_size()
-        return dist.all_reduce(tensor, async_op=True)
+        return dist.all_reduce(tensor, op=op, async_op=True)
 
     def take(self) -> int:
         taken, self._bytes = self._bytes, 0
@@ -84,6 +89,19 @@ def _reduced_by_memfit(optimizer: Optimizer, projects_in_backward: bool) -> list
             for p in group["params"]]
 
 
+def _embedding_weights(model: nn.Module) -> list[nn.Parameter]:
+    """Trainable ``nn.Embedding`` weights that no other module shares: only the rows of
+    the tokens a micro-batch holds get a gradient (a tied output head's is dense)."""
+    holders: dict[int, int] = {}
+    for module in model.modules():
+        for parameter in module._parameters.values():
+            if parameter is not None:
+                holders[id(parameter)] = holders.get(id(parameter), 0) + 1
+    return [module.weight for module in model.modules()
+            if isinstance(module, nn.Embedding) and module.weight.requires_grad
+            and holders[id(module.weight)] == 1]
+
+
 def _broadcast_from_main(parameters: list[nn.Parameter]) -> None:
     with torch.no_grad():
         for parameter in parameters:
@@ -100,7 +118,10 @@ class Replicas:
         self.reduced_bytes = ReducedBytes()
         self._optimizer = optimizer
         own = _reduced_by_memfit(optimizer, projects_in_backward)
-        own_ids = {id(p) for p in own}
+        layerwise = getattr(optimizer, "steps_in_backward", False)
+        self._embeddings = [] if layerwise else [
+            p for p in _embedding_weights(model) if id(p) not in {id(q) for q in own}]
+        own_ids = {id(p) for p in [*own, *self._embeddings]}
         self._own = [p for p in model.parameters() if id(p) in own_ids]  # model order
         # Frozen weights and memfit's own: DDP neither reduces nor broadcasts them.
         ignored = {name for name, p in model.named_parameters()
@@ -132,14 +153,31 @@ class Replicas:
             yield
 
     def after_backward(self) -> None:
-        """Sum what DDP did not: the projected gradients GaLore took from backward and the
-        full gradients of its weights on refresh steps (layer-wise updates already did)."""
+        """Sum what DDP did not: the projected gradients GaLore took from backward, the
+        full gradients of its weights on refresh steps, and the embeddings' touched rows
+        (layer-wise updates already summed theirs)."""
         if getattr(self._optimizer, "steps_in_backward", False):
             return
-        tensors = [p.grad for p in self._own if p.grad is not None]
+        embeddings = {id(p) for p in self._embeddings}
+        tensors = [p.grad for p in self._own if p.grad is not None and id(p) not in embeddings]
         tensors += getattr(self._optimizer, "projected_gradients", list)()
-        for work in [self.reduced_bytes.all_reduce(tensor) for tensor in tensors]:
+        started = [self.reduced_bytes.all_reduce(tensor) for tensor in tensors]
+        for parameter in self._embeddings:
+            self._sum_touched_rows(parameter.grad)
+        for work in started:
             work.wait()
+
+    def _sum_touched_rows(self, grad: torch.Tensor) -> None:
+        """Sum an embedding's gradient (vocab x hidden) over the processes by its rows that
+        are non-zero on some process: the others are zero everywhere, so the result is
+        the dense sum, at (touched rows x hidden) + one byte per row of traffic instead of
+        the whole table."""
+        touched = grad.ne(0).any(dim=1).to(torch.uint8)  # vocab
+        self.reduced_bytes.all_reduce(touched, op=dist.ReduceOp.MAX).wait()
+        rows = touched.nonzero().squeeze(1)
+        summed = grad.index_select(0, rows)  # touched x hidden
+        self.reduced_bytes.all_reduce(summed).wait()
+        grad.index_copy_(0, rows, summed)
 
     def zero_grad(self) -> None:
         """The optimizer's ``zero_grad(set_to_none=True)``, except that DDP's gradients are
