@@ -68,7 +68,7 @@ def _write_state(config_path: str, steps: int, out: Path) -> None:
     save_file(state, out / f"rank-{rank}.safetensors")
 
 
-def _join_group_for(job: int) -> None:
+def join_group_for(job: int) -> None:
     """A process group of its own for each job (memfit.train destroys its group when it
     returns): keys under a fresh prefix of torchrun's store, so no job reads the
     addresses of an earlier job's group."""
@@ -81,7 +81,7 @@ def _join_group_for(job: int) -> None:
 
 def main(jobs_file: str) -> None:
     for index, job in enumerate(json.loads(Path(jobs_file).read_text())):
-        _join_group_for(index)
+        join_group_for(index)
         if "train" in job:
             train(job["train"], resume=job.get("resume"))
         else:

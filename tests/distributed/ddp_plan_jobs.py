@@ -15,7 +15,7 @@ import os
 import sys
 from pathlib import Path
 
-from ddp_jobs import _join_group_for
+from ddp_jobs import join_group_for
 
 from memfit.training.api import train
 
@@ -23,7 +23,7 @@ from memfit.training.api import train
 def main(configs_file: str, out: str) -> None:
     rank = os.environ["RANK"]  # torchrun's; train() leaves no process group to ask
     for index, config in enumerate(json.loads(Path(configs_file).read_text())):
-        _join_group_for(index)
+        join_group_for(index)
         result = train(config)
         Path(out, f"{Path(config).stem}.rank-{rank}.json").write_text(
             json.dumps({"peak_bytes": result.peak_bytes}))
