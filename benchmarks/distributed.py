@@ -22,7 +22,7 @@ rank 0 (``allreduce_bytes`` of metrics.jsonl), for GaLore on steps that keep P a
 those that refresh it. The target: GaLore's keep-P steps all-reduce at most 0.3 x what
 AdamW does.
 
-Runtime on 2 CPU cores: about 8 minutes (--quick: about 3), most of it starting 12 runs,
+Runtime on 2 CPU cores: about 3.5 minutes (measured 3 min 19 s), most of it starting 12 runs,
 loading the model in each process and writing each run's final checkpoint.
 """
 

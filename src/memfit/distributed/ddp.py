@@ -89,7 +89,7 @@ def _reduced_by_memfit(optimizer: Optimizer, projects_in_backward: bool) -> list
             for p in group["params"]]
 
 
-def _embedding_weights(model: nn.Module) -> list[nn.Parameter]:
+def embedding_weights(model: nn.Module) -> list[nn.Parameter]:
     """Trainable ``nn.Embedding`` weights that no other module shares: only the rows of
     the tokens a micro-batch holds get a gradient (a tied output head's is dense)."""
     holders: dict[int, int] = {}
@@ -117,11 +117,11 @@ class Replicas:
                  device: torch.device):
         self.reduced_bytes = ReducedBytes()
         self._optimizer = optimizer
-        own = _reduced_by_memfit(optimizer, projects_in_backward)
+        own_ids = {id(p) for p in _reduced_by_memfit(optimizer, projects_in_backward)}
         layerwise = getattr(optimizer, "steps_in_backward", False)
         self._embeddings = [] if layerwise else [
-            p for p in _embedding_weights(model) if id(p) not in {id(q) for q in own}]
-        own_ids = {id(p) for p in [*own, *self._embeddings]}
+            p for p in embedding_weights(model) if id(p) not in own_ids]
+        own_ids |= {id(p) for p in self._embeddings}
         self._own = [p for p in model.parameters() if id(p) in own_ids]  # model order
         # Frozen weights and memfit's own: DDP neither reduces nor broadcasts them.
         ignored = {name for name, p in model.named_parameters()
@@ -163,7 +163,8 @@ class Replicas:
         tensors += getattr(self._optimizer, "projected_gradients", list)()
         started = [self.reduced_bytes.all_reduce(tensor) for tensor in tensors]
         for parameter in self._embeddings:
-            self._sum_touched_rows(parameter.grad)
+            if parameter.grad is not None:  # None on every rank alike (same graph)
+                self._sum_touched_rows(parameter.grad)
         for work in started:
             work.wait()
 

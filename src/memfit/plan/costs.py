@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from torch import nn
 
 from memfit.config.schema import Config
+from memfit.distributed.ddp import embedding_weights
 from memfit.techniques.optimizers import Param, spec_for
 from memfit.techniques.optimizers.groups import split_parameters
 
@@ -33,7 +34,9 @@ class OptimizerCost:
 def trainable_params(model: nn.Module, config: Config) -> list[Param]:
     """Trainable parameters (tied ones once), split as training's parameter groups are."""
     targets = spec_for(config).targets(model, config)
-    return [Param(tuple(parameter.shape), parameter.element_size(), decayed, projected)
+    embeddings = {id(p) for p in embedding_weights(model)}
+    return [Param(tuple(parameter.shape), parameter.element_size(), decayed, projected,
+                  row_sparse=id(parameter) in embeddings)
             for decayed, projected, parameters in split_parameters(model, targets)
             for parameter in parameters]
 

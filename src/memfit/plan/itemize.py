@@ -19,7 +19,8 @@ As ``distributed.nproc`` processes (``--devices N`` when planning), bytes are pe
 as per_device.py says for each ``distributed.strategy``: ddp keeps one process's weights
 and state, and DDP's gradient buckets alive for the whole step (the first micro-batch
 peaks at the smaller of: its trace + the buckets, and the trace without grads + every
-grad + the one being copied in; later micro-batches accumulate into the buckets);
+grad + the one being copied in; later micro-batches accumulate into the buckets; at
+the second step's forward DDP rebuilds them, the old ones alive beside the new);
 layer-wise ddp adds the gradient whose all-reduce is in flight; fsdp
 divides weights, grads and state by N and adds its all-gather working set.
 
@@ -128,9 +129,15 @@ def estimate(config: Config, device: str = "cuda",
             with_buckets = {**first_micro_batch, "grads": first_micro_batch["grads"] + buckets}
             first_micro_batch = min(with_buckets, later_micro_batch,
                                     key=lambda c: sum(c.values()))
+        inputs = _inputs_in_step(config, sizing, device)
         candidates = [first_micro_batch,
-                      {"grads": grads, "activations": _inputs_in_step(config, sizing, device),
+                      {"grads": grads, "activations": inputs,
                        "temporaries": 0 if offload else shard(optimizer.step_scratch_bytes)}]
+        if buckets:
+            # DDP rebuilds its buckets once, in the order the first backward filled them,
+            # at the start of the second step's forward: new ones beside the old.
+            candidates.append({"grads": 2 * buckets, "activations": inputs,
+                               "temporaries": 0})
         if accumulating:
             candidates.append(later_micro_batch)
     peak = max(candidates, key=lambda c: sum(c.values()))

@@ -8,7 +8,10 @@ ddp   every rank holds the whole model and the whole optimizer state, as one pro
       for the whole step, the first micro-batch's forward included, and memfit zeroes
       them in place between steps (``Replicas.zero_grad``), so every micro-batch
       accumulates into them (on the very first step, before DDP has made them views,
-      each fresh gradient lives until it is copied into its bucket). GaLore weights projected in
+      each fresh gradient lives until it is copied into its bucket). DDP rebuilds the
+      buckets once, in the order the first backward filled them, at the start of the
+      second step's forward, allocating the new ones before freeing the old: for that
+      moment the buckets exist twice. GaLore weights projected in
       backward are not DDP's (memfit all-reduces their r x n projection): as one process.
       Layer-wise updates do without DDP: each gradient is all-reduced from its hook while
       the next one is computed, so one more full-size gradient is alive than in one process.
@@ -51,12 +54,14 @@ def fsdp_in_backward(with_grads: Split, without: Split, devices: int, block_byte
 
 def ddp_bucket_bytes(params: list[Param], config: Config) -> int:
     """Bytes of DDP's gradient buckets on each rank: the gradients of every trainable
-    parameter DDP reduces (all but GaLore's weights projected in backward); 0 where DDP
+    parameter DDP reduces (all but GaLore's weights projected in backward and untied input
+    embeddings, which memfit reduces); 0 where DDP
     does not wrap the model (another strategy, or layer-wise updates)."""
     if config.distributed.strategy is not DistributedStrategy.DDP or config.optimizer.layerwise:
         return 0
     memfit_reduces = projects_in_backward(config)
-    return sum(p.nbytes for p in params if not (memfit_reduces and p.projected))
+    return sum(p.nbytes for p in params
+               if not (memfit_reduces and p.projected) and not p.row_sparse)
 
 
 def in_flight_reduction_bytes(params: list[Param], config: Config) -> int:

@@ -29,6 +29,9 @@ class Param:
     element_size: int
     decayed: bool  # in a weight-decay group (matrices of linear/conv layers)
     projected: bool  # one of the weights the optimizer treats specially (GaLore's targets)
+    # An untied input embedding: under data parallel memfit sums only its touched rows
+    # (memfit.distributed.ddp), outside DDP's buckets.
+    row_sparse: bool = False
 
     @property
     def numel(self) -> int:
