@@ -301,21 +301,28 @@ def _run(args: argparse.Namespace) -> int:
         from memfit.training.interrupts import Interrupted
 
         if isinstance(error, Interrupted):  # a requested stop, not a failure
-            print(f"memfit: {error}", file=sys.stderr)
+            _say(f"memfit: {error}")
             return error.exit_code
         if args.debug:
             raise
-        print(f"memfit: error: {error}", file=sys.stderr)
+        _say(f"memfit: error: {error}")
         return error.exit_code
     except Exception as error:
         if args.debug or not is_disk_full(error):
             raise
-        print("memfit: error: the disk is full (no space left on device); free some space, or "
-              "move the run folder to another disk, then resume it", file=sys.stderr)
+        _say("memfit: error: the disk is full (no space left on device); free some space, or "
+             "move the run folder to another disk, then resume it")
         return 2
     except KeyboardInterrupt:
-        print("memfit: interrupted", file=sys.stderr)
+        _say("memfit: interrupted")
         return 130
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr in ONE write: torchrun starts workers unbuffered (python -u), where
+    print's separate write of the newline lets another rank's line land in between."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":
