@@ -30,7 +30,7 @@ from memfit.training.build import build_run
 from memfit.training.step import optimizer_step, step_parts
 
 
-def _projectors(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
+def _optimizers_with_state(optimizer: torch.optim.Optimizer) -> list[torch.optim.Optimizer]:
     inner = getattr(optimizer, "inner_optimizers", None)  # layer-wise: one per parameter
     return inner if inner is not None else [optimizer]
 
@@ -46,7 +46,7 @@ def _state_after_steps(config: Config, steps: int) -> dict[str, torch.Tensor]:
         optimizer_step(step_parts(run), batches, items)
     names = {id(p): name for name, p in run.model.named_parameters()}
     found = {f"projector/{names[id(p)]}": state["projector"].contiguous()
-             for optimizer in _projectors(run.optimizer)
+             for optimizer in _optimizers_with_state(run.optimizer)
              for p, state in optimizer.state.items() if "projector" in state}
     found.update({f"weight/{name}": p.detach().clone()
                   for name, p in run.model.named_parameters() if p.requires_grad})

@@ -14,10 +14,11 @@ exactly as if never interrupted:
 Everything loads with safetensors or ``torch.load(weights_only=True)``: no pickled code.
 Data parallel (distributed.strategy=ddp) writes this same single-process checkpoint from
 rank 0 (every rank holds the same weights and state), so it resumes on any number of
-processes. A model sharded with FSDP2 writes a sharded checkpoint instead of ``trainable.safetensors``,
-``buffers.safetensors`` and ``optimizer.pt`` (memfit/distributed/checkpoint.py); the
-manifest's kind says which one a folder is. A folder is loaded only once it matches its
-manifest, and only the files the manifest lists are read.
+processes. A model sharded with FSDP2 writes a sharded checkpoint instead of
+``trainable.safetensors``, ``buffers.safetensors`` and ``optimizer.pt``
+(memfit/distributed/checkpoint.py); the manifest's kind says which one a folder is. A
+folder is loaded only once it matches its manifest, and only the files the manifest lists
+are read.
 Folders are written under a temporary name and renamed, so a kill mid-save leaves the
 previous checkpoint intact; ``checkpoints/index.json`` records which folders this run
 saved, the only ones pruning removes (index.py).

@@ -80,7 +80,8 @@ class _LossModule(nn.Module):
 
 
 def _reduced_by_memfit(optimizer: Optimizer, projects_in_backward: bool) -> list[nn.Parameter]:
-    """The trainable parameters memfit reduces itself (see the module docstring)."""
+    """The trainable parameters memfit reduces whole (see the module docstring): every one
+    under layer-wise updates, GaLore's weights projected in backward."""
     if getattr(optimizer, "steps_in_backward", False):
         return [p for group in optimizer.param_groups for p in group["params"]]
     if not projects_in_backward:
@@ -117,12 +118,13 @@ class Replicas:
                  device: torch.device):
         self.reduced_bytes = ReducedBytes()
         self._optimizer = optimizer
+        self._layerwise = getattr(optimizer, "steps_in_backward", False)
         own_ids = {id(p) for p in _reduced_by_memfit(optimizer, projects_in_backward)}
-        layerwise = getattr(optimizer, "steps_in_backward", False)
-        self._embeddings = [] if layerwise else [
+        self._embeddings = [] if self._layerwise else [
             p for p in embedding_weights(model) if id(p) not in own_ids]
+        # memfit's dense reductions after backward, in model order (the same on every rank).
+        self._dense = [p for p in model.parameters() if id(p) in own_ids]
         own_ids |= {id(p) for p in self._embeddings}
-        self._own = [p for p in model.parameters() if id(p) in own_ids]  # model order
         # Frozen weights and memfit's own: DDP neither reduces nor broadcasts them.
         ignored = {name for name, p in model.named_parameters()
                    if not p.requires_grad or id(p) in own_ids}
@@ -136,11 +138,10 @@ class Replicas:
                 wrapped, device_ids=[device.index] if device.type == "cuda" else None,
                 gradient_as_bucket_view=True)
             self._ddp.register_comm_hook(self.reduced_bytes, _summing_hook)
-        if self._own:
-            _broadcast_from_main(self._own)
-        set_reduction = getattr(optimizer, "reduce_across_processes", None)
-        if set_reduction is not None:  # layer-wise updates reduce in their hooks
-            set_reduction(self.reduced_bytes.all_reduce)
+        if self._dense or self._embeddings:
+            _broadcast_from_main([*self._dense, *self._embeddings])
+        if self._layerwise:  # its hooks reduce
+            optimizer.reduce_across_processes(self.reduced_bytes.all_reduce)
 
     def forward(self, loss_sum: LossSum, model: nn.Module, batch: Batch) -> torch.Tensor:
         return self._ddp(loss_sum, batch) if self._ddp is not None else loss_sum(model, batch)
@@ -156,10 +157,9 @@ class Replicas:
         """Sum what DDP did not: the projected gradients GaLore took from backward, the
         full gradients of its weights on refresh steps, and the embeddings' touched rows
         (layer-wise updates already summed theirs)."""
-        if getattr(self._optimizer, "steps_in_backward", False):
+        if self._layerwise:
             return
-        embeddings = {id(p) for p in self._embeddings}
-        tensors = [p.grad for p in self._own if p.grad is not None and id(p) not in embeddings]
+        tensors = [p.grad for p in self._dense if p.grad is not None]
         tensors += getattr(self._optimizer, "projected_gradients", list)()
         started = [self.reduced_bytes.all_reduce(tensor) for tensor in tensors]
         for parameter in self._embeddings:

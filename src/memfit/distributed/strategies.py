@@ -2,11 +2,11 @@
 on each process, how gradients are reduced across processes, and what the planner counts
 per device. Training (``training/build.py``) and the planner read it.
 
-| strategy | each process holds | gradients reduced by | checkpoint |
-|---|---|---|---|
-| none | the whole model | (one process) | single-process, one writer |
-| ddp  | the whole model, optimizer and gradients | DDP buckets + memfit (``ddp.py``) | single-process, written by rank 0 |
-| fsdp | 1/N of weights, gradients and state | FSDP2 reduce-scatter (``fsdp.py``) | sharded (DCP), every rank writes |
+- none: one process holds the whole model; its single-process checkpoint has one writer.
+- ddp: every process holds the whole model, optimizer and gradients; gradients are summed
+  by DDP's buckets and by memfit (``ddp.py``); rank 0 writes the single-process checkpoint.
+- fsdp: each process holds 1/N of the weights, gradients and state; FSDP2 reduce-scatters
+  the gradients (``fsdp.py``); every rank writes its shards of a DCP checkpoint.
 """
 
 from __future__ import annotations

@@ -22,15 +22,16 @@ fsdp  weights, gradients and optimizer state divided by the processes (a QLoRA 4
 from __future__ import annotations
 
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy
+from memfit.distributed.strategies import strategy_for
 from memfit.techniques.optimizers import Param, projects_in_backward
 
 Split = dict[str, int]  # bytes by category at one moment
 
 
 def sharded_over(config: Config) -> int:
-    """Devices FSDP2 shards weights, grads and state over (1: not sharded)."""
-    fsdp = config.distributed.strategy is DistributedStrategy.FSDP
-    return config.distributed.nproc if fsdp else 1
+    """Devices weights, grads and state are divided over (1: each holds all of them), as
+    the distribution strategy's spec says."""
+    return config.distributed.nproc if strategy_for(config).divides_training_state else 1
 
 
 def sharded_weights(config: Config, weight_bytes: int) -> int:
