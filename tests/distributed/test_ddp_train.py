@@ -10,6 +10,7 @@ All 2-process work runs in ONE torchrun job (ddp_jobs.py), so the cases share a 
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import subprocess
 import sys
@@ -94,12 +95,12 @@ def _resume_config(run: Path, processes: int) -> Path:
     return path
 
 
-def _interrupted_copy(root: Path, run: str, name: str) -> Path:
-    """``run`` as if it had stopped after its step-2 checkpoint."""
+def _interrupted_copy(root: Path, run: str, name: str, after: int = 2) -> Path:
+    """``run`` as if it had stopped after its step-``after`` checkpoint."""
     copy = root / name
     shutil.copytree(root / run, copy)
-    for later in ("step-4", f"step-{STEPS}"):
-        shutil.rmtree(copy / "checkpoints" / later, ignore_errors=True)
+    for later in range(after + 1, STEPS + 1):
+        shutil.rmtree(copy / "checkpoints" / f"step-{later}", ignore_errors=True)
     (copy / "metrics.jsonl").write_text("")
     (copy / "summary.json").unlink()
     return copy
@@ -215,5 +216,28 @@ def test_a_launched_run_records_its_processes(runs: Path):
 def test_a_two_process_checkpoint_resumes_on_one(runs: Path):
     resumed = _interrupted_copy(runs, "adamw-2", "resumed-2to1")
     train(_resume_config(resumed, 1), resume=resumed)
+    assert _losses(resumed) == pytest.approx(
+        {step: _losses(runs / "adamw-2")[step] for step in range(3, STEPS + 1)}, rel=1e-5)
+
+
+class _Plant:
+    """Unpickling it creates ``marker``: proof that a file from the run folder ran code."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_a_rank_file_planted_in_a_checkpoint_never_runs_and_resume_falls_back(runs: Path):
+    """rng-1.pt of the newest 2-process checkpoint replaced by a pickle that would run code:
+    the checkpoint no longer matches its manifest, so a resume on one process takes the
+    one before it and trains the same steps as the uninterrupted run."""
+    resumed, marker = _interrupted_copy(runs, "adamw-2", "planted", after=4), runs / "ran"
+    (resumed / "checkpoints" / "step-4" / "rng-1.pt").write_bytes(
+        pickle.dumps(_Plant(marker)))
+    train(_resume_config(resumed, 1), resume=resumed)
+    assert not marker.exists()
     assert _losses(resumed) == pytest.approx(
         {step: _losses(runs / "adamw-2")[step] for step in range(3, STEPS + 1)}, rel=1e-5)
