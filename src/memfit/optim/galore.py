@@ -39,13 +39,30 @@ smaller side) or False (plain inner update on the full gradient; scale is not ap
 bf16 parameters: the update is computed in fp32 and written back with stochastic rounding.
 Updates of parameters over 2**20 values are computed and applied one row chunk at a time
 (memfit.optim.inner.row_chunks): no full-size fp32 update or weight copy is ever alive.
+
+Row shards (FSDP2; `set_row_shards`): a parameter may hold only its rows of a whole tensor
+(dim 0 divided as torch.chunk divides it; .grad is those rows of the summed gradient), and
+its rows then move exactly as GaLore on the whole tensor would move them. Which parameters
+are projected, at what rank, follows the whole shape. A refresh gathers the whole gradient
+of one parameter at a time; every process computes the same P from it and keeps all of it
+(s x r). A wide parameter's rows are rows of g: R = sum over processes of
+P[local rows]^T g_local (r x l, one all-reduce; its moments are the same on every
+process) and the rows move by P[local rows] @ inner(R). A tall parameter's rows are
+columns of g: R = P^T g_local is r x (local rows), purely local, and so are its moments
+(adamw and the reprojection never mix columns); the rows move by (P @ inner(R))^T.
+Unprojected parameters take the elementwise adamw step on their rows as they are.
+Shards support projector svd or randomized_svd with inner adamw only: the other
+projectors need the whole gradient on every step, adamw8bit quantises blocks of the whole
+tensor and adafactor's statistics span it. `state_placement` says along which dim each
+state tensor is divided across processes. Processes make the same collectives in the
+same order (parameter order), a process holding no rows of a parameter included.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -73,6 +90,9 @@ from memfit.optim.projectors import (
 )
 from memfit.optim.stochastic_rounding import apply_updates_by_rows_, make_generator, mix_seed
 
+if TYPE_CHECKING:
+    from memfit.distributed.row_shards import RowShard
+
 SUBSPACE_CHANGE_CHOICES: tuple[str, ...] = ("keep", "reset", "reproject")
 DEFAULT_SUBSPACE_CHANGE = "reproject"
 
@@ -82,6 +102,18 @@ _NORM_GROWTH_LIMIT = 1.01
 # Projectors whose P is regenerated from a stored seed and whose update is the raw gradient
 # scaled by how much the inner rule changed R (APOLLO, APOLLO-Mini).
 RAW_GRADIENT_PROJECTORS: tuple[str, ...] = ("random", "apollo_mini")
+
+# What row-sharded parameters support, and why nothing else (ConfigError messages).
+_SHARDED_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
+    "projector": (("svd", "randomized_svd"),
+                  "the online, random and apollo_mini updates need the whole gradient every step"),
+    "inner": (("adamw",), "adamw8bit quantises blocks of the whole tensor and adafactor's "
+              "statistics and clipping span the whole gradient"),
+}
+
+# State keys that hold ints, or P (s x r): the same whole value on every process.
+_REPLICATED_KEYS = ("step", "inner_step", "projector_step", "projector")
+_MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
 
 # Tags that keep the random streams of one (seed, parameter, step) independent.
 _STREAM_RANDOMIZED_SVD, _STREAM_RANDOM_BASIS, _STREAM_ROUNDING = 1, 2, 3
@@ -116,10 +148,18 @@ def _validate(group: dict[str, Any]) -> None:
             raise ConfigError(f"GaLore {key}={group[key]!r} must be >= 0")
 
 
-def _matrix(tensor: torch.Tensor) -> torch.Tensor:
-    """fp32 view of a >= 2-D tensor as a matrix with its smaller side first (s x l)."""
-    matrix = tensor.reshape(tensor.shape[0], -1).float()
-    return matrix.T if matrix.shape[0] > matrix.shape[1] else matrix
+def _is_tall(shape: torch.Size) -> bool:
+    """Whether a >= 2-D tensor of `shape`, viewed as rows x rest, has more rows than
+    columns (its g is then the transposed matrix)."""
+    return shape[0] > math.prod(shape[1:])
+
+
+def _matrix(tensor: torch.Tensor, whole_shape: torch.Size) -> torch.Tensor:
+    """fp32 view of a >= 2-D tensor as a matrix oriented as the whole tensor's g (s x l):
+    transposed when the whole tensor is tall. `tensor` is the whole tensor or some rows of
+    it (possibly none; hence the explicit column count)."""
+    matrix = tensor.reshape(tensor.shape[0], math.prod(whole_shape[1:])).float()
+    return matrix.T if _is_tall(whole_shape) else matrix
 
 
 def _unmatrix(update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
@@ -130,13 +170,13 @@ def _unmatrix(update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 
 def _projected_back_by_rows(
-    basis: torch.Tensor, direction: torch.Tensor, param: torch.Tensor
+    basis: torch.Tensor, direction: torch.Tensor, param: torch.Tensor, tall: bool
 ) -> Iterator[tuple[Rows, torch.Tensor]]:
     """_unmatrix(P @ direction, param) one row chunk of param at a time (row_chunks), so
-    the full-size fp32 update never exists. P is s x r, direction r x l. A wide param's
-    rows are the s rows of the update: chunk = P[rows] @ direction. A tall param's rows
-    are its l columns (_matrix transposed it): chunk = (P @ direction[:, rows])^T."""
-    tall = param.shape[0] > param.numel() // param.shape[0]
+    the full-size fp32 update never exists. A wide param's rows are the rows of the
+    update: chunk = P[rows] @ direction, with P the param's rows of the basis (rows x r)
+    and direction r x l. A tall param's rows are the update's columns (_matrix transposed
+    it): chunk = (P @ direction[:, rows])^T, with P s x r and direction r x (param rows)."""
     for rows in row_chunks(param.shape):
         update = (basis @ direction[:, rows]).T if tall else basis[rows] @ direction
         yield rows, update.reshape(param[rows].shape)
@@ -190,10 +230,71 @@ class GaLore(StatePreservingOptimizer):
         # memfit/optim/backward_projection.py), summed over micro-batches; like .grad, not
         # part of the state and cleared by zero_grad.
         self._projected_grads: dict[torch.Tensor, torch.Tensor] = {}
+        # Parameters holding only some rows of a whole tensor (set_row_shards).
+        self._row_shards: dict[torch.Tensor, RowShard] = {}
 
     def add_param_group(self, param_group: dict[str, Any]) -> None:
         super().add_param_group(param_group)
         _validate(self.param_groups[-1])
+
+    # ----- parameters holding rows of a whole tensor (FSDP2) ---------------------------
+
+    def set_row_shards(self, shards: dict[torch.Tensor, RowShard]) -> None:
+        """Declare that each param of `shards` holds its shard's rows of a whole tensor (and
+        its .grad those rows of the summed gradient); replaces earlier declarations. Their
+        steps then make collectives, which every process must reach in the same order.
+        ConfigError if a shard's group sets a projector or inner rule shards do not
+        support; ValueError if a param's shape is not its shard's rows."""
+        for param, shard in shards.items():
+            group, _ = self.locate(param)
+            if param.shape != torch.Size((shard.rows, *shard.full_shape[1:])):
+                raise ValueError(f"a parameter of shape {tuple(param.shape)} cannot hold rows "
+                                 f"{shard.start}:{shard.start + shard.rows} of a tensor of "
+                                 f"shape {tuple(shard.full_shape)}")
+            for key, (choices, reason) in _SHARDED_CHOICES.items():
+                if group[key] not in choices:
+                    raise ConfigError(
+                        f"GaLore {key}={group[key]!r} cannot step row-sharded (FSDP2) "
+                        f"parameters; use one of: {', '.join(choices)} ({reason})"
+                    )
+        self._row_shards = dict(shards)
+
+    def _whole_shape(self, param: torch.Tensor) -> torch.Size:
+        shard = self._row_shards.get(param)
+        return param.shape if shard is None else shard.full_shape
+
+    def _whole_matrix(self, param: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """The whole tensor's g (s x l) from this process's `g` of `param` (s x l, or the
+        param's rows of it): the sharded side gathered from every process."""
+        shard = self._row_shards.get(param)
+        if shard is None:
+            return g
+        # The param's rows are g's columns when the whole tensor is tall (_matrix).
+        return shard.gather(g.T).T if _is_tall(shard.full_shape) else shard.gather(g)
+
+    def _local_basis(self, param: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+        """The rows of P (s x r) that map back onto `param`'s rows: a wide param's rows
+        of P, all of P for a tall param (its rows are columns of g) or a whole one."""
+        shard = self._row_shards.get(param)
+        if shard is None or _is_tall(shard.full_shape):
+            return basis
+        return shard.local(basis)
+
+    def state_placement(self, param: torch.Tensor, key: str) -> int | None:
+        """The dim along which ``state[param][key]`` is divided across processes, or None
+        when every process holds the same whole value: ints, P, a wide param's moments on
+        R (r x l) and everything of a param that is not row-sharded. Moments of an
+        unprojected param (its rows' shape) are divided along 0, a tall param's moments on
+        R (r x local rows) along 1. KeyError for a key a row shard's state never holds."""
+        shard = self._row_shards.get(param)
+        if shard is None or key in _REPLICATED_KEYS:
+            return None
+        if key not in _MOMENT_KEYS:
+            raise KeyError(f"GaLore keeps no state {key!r} for a row-sharded parameter")
+        if self._rank(param, self.locate(param)[0]) is None:
+            return 0  # moments shaped like the param's rows
+        # Moments on R (r x l): a tall param's local rows are columns of R.
+        return 1 if _is_tall(shard.full_shape) else None
 
     # ----- which parameters are projected, and into what shape -------------------------
 
@@ -225,10 +326,10 @@ class GaLore(StatePreservingOptimizer):
             return moments + 3 * 4 * small * rank
         return moments + 4 * small * rank
 
-    @staticmethod
-    def _rank(param: torch.Tensor, group: dict[str, Any]) -> int | None:
-        """Effective rank if `param` is projected in `group`, else None."""
-        sides = GaLore.projection(tuple(param.shape), group)
+    def _rank(self, param: torch.Tensor, group: dict[str, Any]) -> int | None:
+        """Effective rank if `param` (the whole tensor, for a row shard) is projected in
+        `group`, else None."""
+        sides = GaLore.projection(tuple(self._whole_shape(param)), group)
         return None if sides is None else sides[1]
 
     @staticmethod
@@ -242,8 +343,14 @@ class GaLore(StatePreservingOptimizer):
         return torch.Size(sides[1:])
 
     def accumulation_shape(self, param: torch.Tensor) -> torch.Size | None:
+        """accumulation_shape_of the whole tensor, except that a row-sharded tall param's
+        R has only its rows as columns (r x local rows)."""
         group, _ = self.locate(param)
-        return self.accumulation_shape_of(tuple(param.shape), group)
+        shape = self.accumulation_shape_of(tuple(self._whole_shape(param)), group)
+        shard = self._row_shards.get(param)
+        if shape is None or shard is None or not _is_tall(shard.full_shape):
+            return shape
+        return torch.Size((shape[0], shard.rows))
 
     def refresh_pending(self, param: torch.Tensor) -> bool:
         """Whether the next projection of `param`'s gradient computes a new P from it (its
@@ -272,7 +379,7 @@ class GaLore(StatePreservingOptimizer):
         elif self._rank(param, group) is None:
             self._full_update(param, group, position)
         else:
-            g = _matrix(param.grad)
+            g = _matrix(param.grad, self._whole_shape(param))
             projected = self._project(param, group, position, g)
             self._projected_update(param, group, position, projected, g)
 
@@ -281,10 +388,12 @@ class GaLore(StatePreservingOptimizer):
         """R = P^T g (fp32, accumulation_shape(param)) for one micro-batch's gradient.
 
         On a step that refreshes P, the first call computes the new P from `grad`; later
-        calls in the same step reuse it (see LayerwiseOptimizer's projector_refresh).
+        calls in the same step reuse it (see LayerwiseOptimizer's projector_refresh). For
+        a row shard, `grad` is the param's rows and R is complete: summed over processes
+        for a wide param, the param's own columns of R for a tall one.
         """
         group, position = self.locate(param)
-        return self._project(param, group, position, _matrix(grad))
+        return self._project(param, group, position, _matrix(grad, self._whole_shape(param)))
 
     @torch.no_grad()
     def step_projected(self, param: torch.Tensor, projected: torch.Tensor) -> None:
@@ -296,11 +405,12 @@ class GaLore(StatePreservingOptimizer):
 
     def backward_projection_basis(self, param: torch.Tensor) -> torch.Tensor | None:
         """P (s x r) if this step's gradient of `param` may arrive as R = P^T g, else None:
-        unprojected parameters, steps whose P is not computed yet (the SVD needs g), and the
-        online and random projectors (their update needs g on every step)."""
+        unprojected parameters, steps whose P is not computed yet (the SVD needs g), the
+        online and random projectors (their update needs g on every step), and row shards
+        (their R is a sum over processes, made in _project)."""
         group, _ = self.locate(param)
-        if self._rank(param, group) is None or group["projector"] in (
-                "online", *RAW_GRADIENT_PROJECTORS):
+        if (param in self._row_shards or self._rank(param, group) is None
+                or group["projector"] in ("online", *RAW_GRADIENT_PROJECTORS)):
             return None
         state = self.state[param]
         # P of this step exists once refreshed (layer-wise accumulation refreshes it from the
@@ -334,8 +444,16 @@ class GaLore(StatePreservingOptimizer):
             directions,
             group["lr"],
             1 - group["lr"] * group["weight_decay"],
-            mix_seed(group["seed"] + position, step, _STREAM_ROUNDING),
+            self._rounding_seed(param, group, position, step),
         )
+
+    def _rounding_seed(
+        self, param: torch.Tensor, group: dict[str, Any], position: int, step: int
+    ) -> int:
+        seed = mix_seed(group["seed"] + position, step, _STREAM_ROUNDING)
+        shard = self._row_shards.get(param)
+        # Each shard's rows would otherwise round with the same noise as every other's.
+        return seed if shard is None else mix_seed(seed, shard.start)
 
     def _basis(
         self,
@@ -353,13 +471,23 @@ class GaLore(StatePreservingOptimizer):
     def _project(
         self, param: torch.Tensor, group: dict[str, Any], position: int, g: torch.Tensor
     ) -> torch.Tensor:
-        """Refresh P if this step calls for it (once per step), then return P^T g."""
+        """Refresh P if this step calls for it (once per step), then return R = P^T g.
+
+        g is `param`'s oriented gradient (_matrix): s x l, or for a row shard s x (local
+        rows) when tall and (local rows) x l when wide.
+        """
         state = self.state[param]
         rank = self._rank(param, group)
         step = state.get("step", 0)
         if state.get("projector_step") != step and self._refresh_due(state, group):
-            self._refresh(state, group, position, g, rank, step)
-        return self._basis(state, group, g.shape[0], rank, g.device).T @ g
+            self._refresh(state, group, position, self._whole_matrix(param, g), rank, step,
+                          torch.Size((rank, g.shape[1])))
+        shard = self._row_shards.get(param)
+        if shard is None or _is_tall(shard.full_shape):
+            basis = self._basis(state, group, g.shape[0], rank, g.device)
+            return basis.T @ g  # r x l, or r x (local rows) for a tall shard
+        # Wide shard: R = P^T G sums over G's rows, which the processes divide (r x l).
+        return shard.sum_(shard.local(state["projector"]).T @ g)
 
     def _refresh(
         self,
@@ -369,7 +497,10 @@ class GaLore(StatePreservingOptimizer):
         g: torch.Tensor,
         rank: int,
         step: int,
+        moment_shape: torch.Size,
     ) -> None:
+        """New P (s x r) from the whole g (s x l); the moments (`moment_shape`: r x l, or
+        r x (local rows) for a tall row shard) follow subspace_change."""
         name = group["projector"]
         old = (
             self._basis(state, group, g.shape[0], rank, g.device)
@@ -397,9 +528,7 @@ class GaLore(StatePreservingOptimizer):
         if old is not None and group["subspace_change"] == "reset":
             reset_moments(state)
         elif old is not None and group["subspace_change"] == "reproject":
-            rotate_moments(
-                state, change_of_basis(new, old), group["inner"], torch.Size((rank, g.shape[1]))
-            )
+            rotate_moments(state, change_of_basis(new, old), group["inner"], moment_shape)
         if name not in RAW_GRADIENT_PROJECTORS:
             state["projector"] = new
         state["projector_step"] = step
@@ -424,14 +553,17 @@ class GaLore(StatePreservingOptimizer):
                 state, g, projected, direction, group["eps"], tensor_wise), param)
             updates = ((rows, update[rows]) for rows in row_chunks(param.shape))
         else:
-            updates = _projected_back_by_rows(state["projector"], direction, param)
+            updates = _projected_back_by_rows(
+                self._local_basis(param, state["projector"]), direction, param,
+                _is_tall(self._whole_shape(param)),
+            )
         state["step"] = step + 1
         apply_updates_by_rows_(
             param,
             updates,
             group["lr"] * group["scale"],
             1 - group["lr"] * group["weight_decay"],
-            mix_seed(group["seed"] + position, step, _STREAM_ROUNDING),
+            self._rounding_seed(param, group, position, step),
         )
 
     @staticmethod
