@@ -5,6 +5,7 @@ All are torch.optim.Optimizer subclasses whose state is tensors and plain number
 `torch.load(..., weights_only=True)` of their state_dict restores them.
 """
 
+from memfit.optim.adafactor import Adafactor
 from memfit.optim.adamw import AdamW
 from memfit.optim.bounded_adamw import BoundedAdamW
 from memfit.optim.galore import GaLore
@@ -16,6 +17,7 @@ from memfit.optim.stochastic_rounding import stochastic_round_to_bf16
 __all__ = [
     "INNER_CHOICES",
     "PROJECTOR_CHOICES",
+    "Adafactor",
     "AdamW",
     "BoundedAdamW",
     "GaLore",
