@@ -196,35 +196,6 @@ def _check_optimizer_name(config: Config) -> None:
                           "'package.module:Class' of a torch.optim.Optimizer")
 
 
-def _optimizer_refusal(config: Config) -> str | None:
-    why = _optimizer_spec(config).fsdp_refusal
-    if why is None:
-        return None
-    return f"optimizer.name={config.optimizer.name}: {why}; use optimizer.name=adamw"
-
-
-# What FSDP2 (distributed.strategy=fsdp) cannot train besides the optimizers whose spec
-# refuses it, and why: (predicate, message).
-_NOT_WITH_FSDP = [
-    (lambda c: c.optimizer.layerwise,
-     "optimizer.layerwise=true: its per-parameter optimizers keep a state layout that "
-     "torch.distributed.checkpoint cannot reshard, so checkpoints could not resume; set "
-     "optimizer.layerwise=false"),
-    (lambda c: c.memory.optimizer_offload,
-     "memory.optimizer_offload=true: FSDP2 already divides the optimizer state by the number "
-     "of processes, and the host copies cannot hold sharded state; set it to false"),
-    (lambda c: c.precision is Precision.FP16,
-     "precision=fp16: its gradient scaler checks for inf per process, not across the "
-     "sharded gradients; use precision=bf16"),
-]
-
-
-def fsdp_incompatibility(config: Config) -> str | None:
-    """Why distributed.strategy=fsdp cannot train ``config`` (None: it can)."""
-    return _optimizer_refusal(config) or next(
-        (why for applies, why in _NOT_WITH_FSDP if applies(config)), None)
-
-
 def _check_distributed(config: Config) -> None:
     strategy, nproc = config.distributed.strategy, config.distributed.nproc
     if strategy is DistributedStrategy.NONE:
@@ -232,11 +203,13 @@ def _check_distributed(config: Config) -> None:
             raise ConfigError(f"distributed.nproc={nproc} needs distributed.strategy=ddp "
                               "(every process holds the whole model) or fsdp (sharded)")
         return
-    if strategy is DistributedStrategy.DDP:
-        return  # every optimizer and technique works under data parallel
-    why = fsdp_incompatibility(config)
+    # What a strategy cannot train lives in its spec (imported here, not at the top: it
+    # builds on torch.distributed and on this package).
+    from memfit.distributed.strategies import strategy_for
+
+    why = strategy_for(config).refusal(config)
     if why is not None:
-        raise ConfigError(f"distributed.strategy=fsdp cannot be combined with {why} (or "
+        raise ConfigError(f"distributed.strategy={strategy} cannot be combined with {why} (or "
                           "use distributed.strategy=ddp, which trains it when the model fits "
                           "on one device)")
 

@@ -9,6 +9,10 @@ gradients and optimizer state are sharded along dim 0 across the processes.
   would compute with anyway) and gradients are reduced in fp32.
 - Gradients are SUMMED across ranks, not averaged: the loop already divides every
   micro-batch's loss sum by the item count of the global effective batch.
+- Host offload (memory.optimizer_offload=true): FSDP2's CPUOffloadPolicy keeps the
+  sharded parameters, their gradients and so the optimizer state in host memory; each
+  unit copies its shards to the device to all-gather them, the gradients come back after
+  the reduce-scatter, and the optimizer steps on the host.
 - Quantized frozen weights (bitsandbytes 4-bit / 8-bit: integer storage whose scales live
   beside it as quant state) are left out of sharding and replicated on every rank; the
   adapters and every floating-point weight are sharded.
@@ -19,7 +23,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
 
 from memfit.config.schema import Precision
 from memfit.distributed.process_group import world_size
@@ -41,15 +51,18 @@ def unshardable_parameters(model: nn.Module) -> set[nn.Parameter]:
 
 
 def shard(model: nn.Module, blocks: list[nn.Module], precision: Precision,
-          device: torch.device) -> nn.Module:
+          device: torch.device, host_offload: bool = False) -> nn.Module:
     """Shard ``model`` in place across the process group: one unit per block, then the
-    root. Parameters move to ``device`` as they are sharded."""
+    root. Parameters move to ``device`` as they are sharded, or stay in host memory with
+    ``host_offload``."""
     mesh = init_device_mesh(device.type, (world_size(),))
-    policy = mixed_precision(precision)
-    ignored = unshardable_parameters(model)
+    options = {"mesh": mesh, "mp_policy": mixed_precision(precision),
+               "ignored_params": unshardable_parameters(model),
+               "offload_policy": (CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
+                                  if host_offload else OffloadPolicy())}
     for block in blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy, ignored_params=ignored)
-    fully_shard(model, mesh=mesh, mp_policy=policy, ignored_params=ignored)
+        fully_shard(block, **options)
+    fully_shard(model, **options)
     for unit in (module for module in model.modules() if isinstance(module, FSDPModule)):
         # Sum (set per unit: the setters do not recurse), as a plain SUM: gloo has no
         # pre-multiplied reduction.

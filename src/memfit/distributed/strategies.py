@@ -6,7 +6,8 @@ per device. Training (``training/build.py``) and the planner read it.
 - ddp: every process holds the whole model, optimizer and gradients; gradients are summed
   by DDP's buckets and by memfit (``ddp.py``); rank 0 writes the single-process checkpoint.
 - fsdp: each process holds 1/N of the weights, gradients and state; FSDP2 reduce-scatters
-  the gradients (``fsdp.py``); every rank writes its shards of a DCP checkpoint.
+  the gradients (``fsdp.py``); optimizers whose spec says so step each process's rows as
+  plain tensors (``local_rows.py``); every rank writes its shards of a DCP checkpoint.
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from memfit.config.schema import Config, DistributedStrategy
+from memfit.config.schema import Config, DistributedStrategy, Precision
 from memfit.distributed import fsdp
 from memfit.distributed.ddp import Replicas
 from memfit.techniques import checkpointing, registry
 from memfit.techniques.optimizers.build import projects_in_backward
+from memfit.techniques.optimizers.registry import spec_for
 
 
 @dataclass(frozen=True)
@@ -37,6 +39,22 @@ class StrategySpec:
     # Whether weights, gradients and optimizer state are divided among the processes
     # (the planner's per-device bytes); otherwise each process holds all of them.
     divides_training_state: bool
+    # Why it cannot train a config (None: it can), named by the keys to change.
+    refusal: Callable[[Config], str | None]
+
+
+def _trains_everything(config: Config) -> None:
+    return None
+
+
+def _fsdp_refusal(config: Config) -> str | None:
+    why = spec_for(config).fsdp_refusal(config)
+    if why is not None:
+        return f"optimizer.name={config.optimizer.name}: {why}"
+    if config.precision is Precision.FP16:
+        return ("precision=fp16: its gradient scaler checks for inf per process, not across "
+                "the sharded gradients; use precision=bf16")
+    return None
 
 
 def _whole(model: nn.Module, setting: registry.Setting, device: torch.device) -> nn.Module:
@@ -48,8 +66,10 @@ def _sharded(model: nn.Module, setting: registry.Setting, device: torch.device) 
     memory.checkpoint_modules for plain modules) and the root. The device stage (bf16-pure)
     comes first: FSDP2 keeps the dtype it shards."""
     model = registry.apply_stage("device", model, setting)
-    blocks = checkpointing.choose_blocks(model, setting.config.memory)
-    return fsdp.shard(model, blocks, setting.config.precision, device)
+    memory = setting.config.memory
+    blocks = checkpointing.choose_blocks(model, memory)
+    return fsdp.shard(model, blocks, setting.config.precision, device,
+                      host_offload=memory.optimizer_offload)
 
 
 def _no_replicas(model: nn.Module, optimizer: Optimizer, config: Config,
@@ -64,11 +84,14 @@ def _replicas(model: nn.Module, optimizer: Optimizer, config: Config,
 
 STRATEGIES = {
     DistributedStrategy.NONE: StrategySpec(DistributedStrategy.NONE, _whole, _no_replicas,
-                                           divides_training_state=False),
+                                           divides_training_state=False,
+                                           refusal=_trains_everything),
     DistributedStrategy.DDP: StrategySpec(DistributedStrategy.DDP, _whole, _replicas,
-                                          divides_training_state=False),
+                                          divides_training_state=False,
+                                          refusal=_trains_everything),
     DistributedStrategy.FSDP: StrategySpec(DistributedStrategy.FSDP, _sharded, _no_replicas,
-                                           divides_training_state=True),
+                                           divides_training_state=True,
+                                           refusal=_fsdp_refusal),
 }
 
 

@@ -70,6 +70,7 @@ import torch
 from torch.optim import Optimizer
 
 from memfit._utils.errors import ConfigError
+from memfit.distributed.row_shards import RowShard
 from memfit.optim.galore import GaLore
 
 REFRESH_CHOICES: tuple[str, ...] = ("micro_batch", "full_gradient")
@@ -146,6 +147,10 @@ class LayerwiseOptimizer(Optimizer):
         self._params = [p for group in self.param_groups for p in group["params"]]
         self._index = {id(p): index for index, p in enumerate(self._params)}
         self._group_of = [group for group in self.param_groups for _ in group["params"]]
+        self._shards: dict[int, RowShard] = {}
+        # Each parameter's inner state, by parameter (what memory meters and
+        # torch.distributed.checkpoint read as this optimizer's state).
+        self.state = {}
         for index, param in enumerate(self._params):
             if param.requires_grad:
                 param.register_post_accumulate_grad_hook(self._make_hook(index))
@@ -159,6 +164,31 @@ class LayerwiseOptimizer(Optimizer):
         """Sum every gradient over the processes before its update: ``all_reduce(t)``
         starts an in-place sum of ``t`` and returns a handle to wait on."""
         self._all_reduce = all_reduce
+
+    def set_row_shards(self, shards: dict[torch.Tensor, RowShard]) -> None:
+        """The parameters hold rows of whole tensors (FSDP2: memfit.distributed.local_rows):
+        each inner optimizer learns its parameter's rows, and per-tensor clipping takes the
+        norm of the whole gradient."""
+        for param, shard in shards.items():
+            index = self._index[id(param)]
+            self._shards[index] = shard
+            set_inner = getattr(self._optimizers[index], "set_row_shards", None)
+            if set_inner is not None:
+                set_inner({param: shard})
+
+    def state_placement(self, param: torch.Tensor, key: str) -> int | None:
+        """Along which dim ``state[param][key]`` is divided like the rows (None: whole)."""
+        inner = self._optimizers[self._index[id(param)]]
+        placement = getattr(inner, "state_placement", None)
+        if placement is not None:
+            return placement(param, key)
+        value = inner.state[param][key]
+        return 0 if value.dim() >= 1 and value.shape == param.shape else None
+
+    def take_gradient(self, param: torch.Tensor) -> None:
+        """What the post-accumulate-grad hook does, for a caller holding the gradient of
+        ``param`` in ``param.grad`` (FSDP2's reduce-scattered rows)."""
+        self._on_gradient(self._index[id(param)], param)
 
     def begin_micro_batch(self, index: int) -> None:
         """Declare that the next backward is micro-batch `index` of
@@ -273,12 +303,26 @@ class LayerwiseOptimizer(Optimizer):
 
     def _clip_and_step(self, index: int, param: torch.Tensor, grad: torch.Tensor,
                        projected: bool) -> None:
-        norm = torch.linalg.vector_norm(grad, dtype=torch.float32)
-        self._squared_norms.append(norm.square())
+        square = torch.linalg.vector_norm(grad, dtype=torch.float32).square()
+        shard = self._shards.get(index)
+        if shard is not None and self._holds_rows(index, shard, projected):
+            shard.sum_(square)  # the whole tensor's norm, as on one process
+        self._squared_norms.append(square)
+        norm = square.sqrt()
         if self.max_grad_norm is not None:
             # Same coefficient as clip_grad_norm_, as a tensor so the hook never syncs.
             grad.mul_(torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0))
         self._step_inner(index, param, grad, projected)
+
+    @staticmethod
+    def _holds_rows(index: int, shard: RowShard, projected: bool) -> bool:
+        """Whether a consumed gradient of a sharded parameter is only this process's part:
+        its rows, or GaLore's R of a tall weight (r x local rows); the R of a wide weight is
+        summed over the processes when projected, so it is whole (memfit.optim.galore)."""
+        if not projected:
+            return True
+        rows = shard.full_shape[0]
+        return rows > math.prod(shard.full_shape) // rows
 
     def _step_inner(
         self, index: int, param: torch.Tensor, grad: torch.Tensor, projected: bool
@@ -294,6 +338,7 @@ class LayerwiseOptimizer(Optimizer):
             param.grad = grad
             inner.step()
             param.grad = None
+        self.state[param] = inner.state[param]
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -308,6 +353,10 @@ class LayerwiseOptimizer(Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._finish_pending()
+        for index, param in enumerate(self._params):
+            if param.grad is not None:  # set outside backward, so no hook took it
+                grad, param.grad = param.grad, None
+                self._clip_and_step(index, param, grad, projected=False)
         if self._buffers:
             raise RuntimeError(
                 f"LayerwiseOptimizer.step() with {len(self._buffers)} gradients still "
@@ -325,27 +374,47 @@ class LayerwiseOptimizer(Optimizer):
             param.grad = None
 
     def state_dict(self) -> dict[str, Any]:
-        """Hyperparameters of every group plus each inner optimizer's state_dict.
+        """torch's layout, as if one optimizer held every parameter: ``state`` by parameter
+        index (each inner optimizer's state of its parameter) and the ``param_groups``.
+        torch.distributed.checkpoint maps it to parameter names, and a checkpoint of the
+        same optimizer without layer-wise updates has the same layout.
 
         Save only at step boundaries: accumulation buffers are not part of the state.
         """
         if self._buffers:
             raise RuntimeError("LayerwiseOptimizer.state_dict() during gradient accumulation")
-        return {
-            "param_groups": [
-                {k: v for k, v in group.items() if k != "params"} for group in self.param_groups
-            ],
-            "optimizers": [inner.state_dict() for inner in self._optimizers],
-        }
+        state = {}
+        for index, inner in enumerate(self._optimizers):
+            saved = inner.state_dict()["state"]
+            if saved:
+                state[index] = saved[0]  # its only parameter
+        groups, start = [], 0
+        for group in self.param_groups:
+            count = len(group["params"])
+            groups.append({**{k: v for k, v in group.items() if k != "params"},
+                           "params": list(range(start, start + count))})
+            start += count
+        return {"state": state, "param_groups": groups}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        groups, inner_states = state_dict["param_groups"], state_dict["optimizers"]
-        if len(groups) != len(self.param_groups) or len(inner_states) != len(self._optimizers):
-            raise ValueError(
-                f"state_dict has {len(groups)} groups / {len(inner_states)} parameters, "
-                f"this optimizer {len(self.param_groups)} / {len(self._optimizers)}"
-            )
+        if "state" not in state_dict:
+            raise ValueError("this layer-wise optimizer state was saved by an earlier memfit "
+                             "(one state_dict per parameter), which this one cannot read")
+        groups, state = state_dict["param_groups"], state_dict["state"]
+        counts = [len(group["params"]) for group in groups]
+        if counts != [len(group["params"]) for group in self.param_groups]:
+            raise ValueError(f"state_dict has groups of {counts} parameters, this optimizer "
+                             f"{[len(group['params']) for group in self.param_groups]}")
         for group, saved in zip(self.param_groups, groups, strict=True):
-            group.update(saved)
-        for inner, saved in zip(self._optimizers, inner_states, strict=True):
-            inner.load_state_dict(saved)
+            group.update({k: v for k, v in saved.items() if k != "params"})
+        indices = [index for group in groups for index in group["params"]]
+        self.state = {}
+        for index, (inner, saved_index) in enumerate(zip(self._optimizers, indices,
+                                                         strict=True)):
+            hyper = {k: v for k, v in inner.param_groups[0].items() if k != "params"}
+            entries = state.get(saved_index)
+            inner.load_state_dict({"state": {0: entries} if entries is not None else {},
+                                   "param_groups": [{**hyper, "params": [0]}]})
+            param = self._params[index]
+            if param in inner.state:
+                self.state[param] = inner.state[param]

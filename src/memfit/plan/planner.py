@@ -15,7 +15,7 @@ from typing import Any
 from memfit._utils.errors import ConfigError, MemfitError, OutOfMemoryPlanError
 from memfit._utils.sizes import format_bytes, parse_bytes
 from memfit.config.schema import Config, DistributedStrategy, Task
-from memfit.config.validate import fsdp_incompatibility
+from memfit.distributed.strategies import strategy_for
 from memfit.plan import meta
 from memfit.plan.context import check_max_length
 from memfit.plan.itemize import Estimate, ExampleBatch, estimate
@@ -86,10 +86,9 @@ def plan(config: Config, budget: str | int, device: str = "cuda",
     rows, skipped = [], {}
     for name, overrides in _candidates(config, devices):
         candidate = with_overrides(config, overrides)
-        why_not = (fsdp_incompatibility(candidate)
-                   if candidate.distributed.strategy is DistributedStrategy.FSDP else None)
+        why_not = strategy_for(candidate).refusal(candidate)
         if why_not is not None:
-            skipped[name] = f"FSDP2 cannot train it: {why_not}"
+            skipped[name] = f"{candidate.distributed.strategy.value} cannot train it: {why_not}"
             continue
         try:
             row = estimate(candidate, device, example_batch)

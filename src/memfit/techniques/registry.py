@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from memfit.config.schema import AdapterKind, Config, Precision, Task
+from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision, Task
 from memfit.models.classifier import HEAD_SUFFIXES, head_names
 from memfit.models.load import TORCH_DTYPES
 from memfit.techniques import checkpointing, chunked_loss, lora, quantize, quantize_stand_in
@@ -160,6 +160,8 @@ def _cast_to_bf16(model: nn.Module, setting: Setting) -> nn.Module:
 
 def _offload_optimizer(optimizer: torch.optim.Optimizer, setting: Setting
                        ) -> torch.optim.Optimizer:
+    if setting.config.distributed.strategy is DistributedStrategy.FSDP:
+        return optimizer  # FSDP2's CPUOffloadPolicy holds the shards on the host already
     return HostOffloadOptimizer(optimizer)
 
 
@@ -226,7 +228,8 @@ TECHNIQUES: tuple[TechniqueSpec, ...] = (
         stage="optimizer", enabled=lambda config: config.memory.optimizer_offload,
         plan="plan.itemize counts the state, fp32 master weights and grads as host bytes, "
              "and no step scratch on the device (on a CPU-only machine the host is the "
-             "device: nothing moves)",
+             "device: nothing moves); under FSDP2 its CPUOffloadPolicy (distributed.fsdp) "
+             "keeps the sharded weights, grads and state on the host and steps there",
         apply=_offload_optimizer),
 )
 

@@ -1,4 +1,6 @@
-"""optimizer.name=adafactor: torch's Adafactor.
+"""optimizer.name=adafactor: torch's Adafactor; under FSDP2 memfit.optim.Adafactor, the
+same update on each process's rows, with the column statistics and norms summed over the
+processes.
 
 No first moment, relative step size always on (lr is the maximum step), eps=(None, 1e-3)
 = eps1 from the dtype; see docs/optimizers.md. State: the factored second moment (row and
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from memfit.config.schema import Config
+from memfit.config.schema import Config, DistributedStrategy
 from memfit.techniques.optimizers.spec import (
     Factory,
     OptimizerSpec,
@@ -21,6 +23,10 @@ from memfit.techniques.optimizers.spec import (
 
 
 def _factory(config: Config) -> Factory:
+    if config.distributed.strategy is DistributedStrategy.FSDP:
+        from memfit.optim import Adafactor
+
+        return lambda groups: Adafactor(groups, lr=config.optimizer.lr)
     return lambda groups: torch.optim.Adafactor(groups, lr=config.optimizer.lr)
 
 
@@ -30,7 +36,5 @@ def _cost(param: Param, config: Config) -> ParamCost:
     return ParamCost(rows_and_columns * param.element_size + 4, 2 * param.nbytes, param.nbytes)
 
 
-SPEC = OptimizerSpec(
-    name="adafactor", factory=_factory, costs=per_param(_cost),
-    fsdp_refusal="its factored second moment updates whole rows and columns in place, which "
-                 "sharded DTensor parameters do not support")
+SPEC = OptimizerSpec(name="adafactor", factory=_factory, costs=per_param(_cost),
+                     steps_local_rows=True)

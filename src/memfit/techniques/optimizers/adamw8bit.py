@@ -1,4 +1,5 @@
-"""optimizer.name=adamw8bit and paged_adamw8bit: bitsandbytes' 8-bit AdamW.
+"""optimizer.name=adamw8bit and paged_adamw8bit: bitsandbytes' 8-bit AdamW (adamw8bit
+through memfit.optim.AdamW8bit, whose checkpoints hold fp32 moments that reshard).
 
 State: two uint8 moments and one fp32 absmax per 256 values each; tensors under 4096
 values keep fp32 moments (REFERENCE.md). Scratch: the dequantized fp32 moments and the
@@ -24,9 +25,11 @@ from memfit.techniques.optimizers.spec import (
 BNB_MIN_8BIT_SIZE = 4096
 QUANT_BLOCK = 256  # values per absmax scale
 
-_FSDP_REFUSAL = (
-    "bitsandbytes' 8-bit kernels take plain tensors, not FSDP2's sharded DTensors, and "
-    "its state could not be resharded to another number of processes")
+
+
+def _paged_refusal(config: Config) -> str:
+    return ("its state is paged between GPU and host memory by CUDA, which FSDP2's "
+            "sharded parameters do not go through; use optimizer.name=adamw8bit")
 
 
 def _factory(paged: bool):
@@ -34,10 +37,13 @@ def _factory(paged: bool):
         if paged and not torch.cuda.is_available():
             raise ConfigError("optimizer.name=paged_adamw8bit needs CUDA (it pages GPU "
                               "memory to the host); use adamw8bit on this machine")
-        import bitsandbytes as bnb
+        if paged:
+            import bitsandbytes as bnb
 
-        cls = bnb.optim.PagedAdamW8bit if paged else bnb.optim.AdamW8bit
-        return lambda groups: cls(groups, **adam_options(config))
+            return lambda groups: bnb.optim.PagedAdamW8bit(groups, **adam_options(config))
+        from memfit.optim.adamw8bit import AdamW8bit
+
+        return lambda groups: AdamW8bit(groups, **adam_options(config))
 
     return make
 
@@ -49,7 +55,9 @@ def _cost(param: Param, config: Config) -> ParamCost:
     return ParamCost(state, 3 * 4 * numel, param.nbytes)
 
 
+# Under FSDP2 each process quantizes its own rows (bitsandbytes' kernels take plain
+# tensors): its blocks of 256 start at its first row, not at the whole tensor's.
 SPEC = OptimizerSpec(name="adamw8bit", factory=_factory(paged=False), costs=per_param(_cost),
-                     fsdp_refusal=_FSDP_REFUSAL)
+                     steps_local_rows=True)
 PAGED_SPEC = OptimizerSpec(name="paged_adamw8bit", factory=_factory(paged=True),
-                           costs=per_param(_cost), fsdp_refusal=_FSDP_REFUSAL)
+                           costs=per_param(_cost), fsdp_refusal=_paged_refusal)

@@ -11,6 +11,10 @@ from their backward on steps that keep P (``optimizer.galore.project_in_backward
 ``optimizer.layerwise`` wraps one inner optimizer per parameter in
 memfit.optim.LayerwiseOptimizer: steps run inside backward and gradients are clipped per
 tensor (a global norm is not known until backward ends; see memfit/optim/layerwise.py).
+
+Under FSDP2, an optimizer whose spec ``steps_local_rows`` (and any layer-wise one) is
+built over each process's rows of the sharded parameters, in
+memfit.distributed.local_rows.LocalRowsOptimizer.
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ from torch import nn
 from torch.optim import Optimizer
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import Config, GaloreProjector, OptimizerName, Precision
+from memfit.config.schema import (
+    Config,
+    DistributedStrategy,
+    GaloreProjector,
+    OptimizerName,
+    Precision,
+)
+from memfit.distributed.fsdp import is_sharded
 from memfit.techniques.optimizers.groups import parameter_groups
 from memfit.techniques.optimizers.registry import spec_for
 
@@ -28,9 +39,11 @@ def projects_in_backward(config: Config) -> bool:
     """Whether GaLore takes R = P^T G from linear layers' backward (see
     memfit/optim/backward_projection.py): not where a step needs every full gradient
     (online/random projectors), where P lives on the host between steps (optimizer
-    offload) or where GradScaler must unscale the gradients (fp16)."""
+    offload), where GradScaler must unscale the gradients (fp16) or where FSDP2 shards the
+    weights (R would be a partial sum over each process's micro-batch)."""
     optimizer = config.optimizer
     return (optimizer.name is OptimizerName.GALORE and optimizer.galore.project_in_backward
+            and config.distributed.strategy is not DistributedStrategy.FSDP
             and optimizer.galore.projector in (GaloreProjector.SVD,
                                                GaloreProjector.RANDOMIZED_SVD)
             and not config.memory.optimizer_offload and config.precision is not Precision.FP16)
@@ -45,11 +58,19 @@ def build_optimizer(model: nn.Module, config: Config) -> Optimizer:
     if config.optimizer.layerwise:
         from memfit.optim import LayerwiseOptimizer
 
-        optimizer = LayerwiseOptimizer(
-            groups, make_optimizer=make,
-            gradient_accumulation_steps=config.train.gradient_accumulation_steps,
-            max_grad_norm=config.train.max_grad_norm,
-            projector_refresh=config.optimizer.galore.layerwise_refresh.value)
+        per_parameter = make
+
+        def make(groups: list[dict]) -> Optimizer:
+            return LayerwiseOptimizer(
+                groups, make_optimizer=per_parameter,
+                gradient_accumulation_steps=config.train.gradient_accumulation_steps,
+                max_grad_norm=config.train.max_grad_norm,
+                projector_refresh=config.optimizer.galore.layerwise_refresh.value)
+    if is_sharded(model) and (spec.steps_local_rows or config.optimizer.layerwise):
+        # Layer-wise too: its hooks hand each process's rows to the per-parameter steps.
+        from memfit.distributed.local_rows import LocalRowsOptimizer
+
+        optimizer = LocalRowsOptimizer(groups, make)
     else:
         optimizer = make(groups)
     if projects_in_backward(config):

@@ -86,6 +86,25 @@ def _targets(model: nn.Module, config: Config) -> set[int]:
     return galore_targets(model, config.optimizer.galore.modules)
 
 
+# What GaLore steps on FSDP2's row shards (memfit.optim.galore: P from the gathered
+# gradient, R = P^T G summed over the processes).
+_ON_SHARDS = ((GaloreProjector.SVD, GaloreProjector.RANDOMIZED_SVD), (GaloreInner.ADAMW,))
+
+
+def _fsdp_refusal(config: Config) -> str | None:
+    galore = config.optimizer.galore
+    projectors, inners = _ON_SHARDS
+    if galore.projector not in projectors:
+        return (f"optimizer.galore.projector={galore.projector}: its update reads the whole "
+                "gradient on every step, not once per refresh; use optimizer.galore.projector "
+                + " or ".join(p.value for p in projectors))
+    if galore.inner not in inners:
+        return (f"optimizer.galore.inner={galore.inner}: its state is factored or quantized "
+                "over whole rows of R, which the processes divide; use optimizer.galore.inner="
+                + " or ".join(i.value for i in inners))
+    return None
+
+
 def _cheaper(config: Config) -> dict | None:
     if config.optimizer.galore.inner is GaloreInner.ADAMW:
         return {"optimizer.galore.inner": "adamw8bit"}
@@ -94,7 +113,5 @@ def _cheaper(config: Config) -> dict | None:
 
 SPEC = OptimizerSpec(
     name="galore", factory=_factory, costs=per_param(_cost), targets=_targets,
-    rounds_stochastically=True,
-    fsdp_refusal="its projector is an SVD of each whole weight matrix, which FSDP2 splits "
-                 "across processes",
+    rounds_stochastically=True, steps_local_rows=True, fsdp_refusal=_fsdp_refusal,
     cheaper=_cheaper)

@@ -56,6 +56,10 @@ def no_targets(model: nn.Module, config: Config) -> set[int] | None:
     return None
 
 
+def trains_under_fsdp(config: Config) -> str | None:
+    return None
+
+
 def never_cheaper(config: Config) -> dict | None:
     return None
 
@@ -80,8 +84,13 @@ class OptimizerSpec:
     targets: Callable[[nn.Module, Config], set[int] | None] = no_targets
     # Updates bf16 weights with stochastic rounding, so precision=bf16-pure may use it.
     rounds_stochastically: bool = False
-    # Why distributed.strategy=fsdp cannot shard it (None: it can).
-    fsdp_refusal: str | None = None
+    # Under FSDP2, step each process's rows of the sharded parameters as plain tensors
+    # (memfit.distributed.local_rows) instead of the DTensors themselves: bitsandbytes'
+    # kernels take plain tensors, and an optimizer that reads whole tensors sums its
+    # partial results over the processes (``set_row_shards``).
+    steps_local_rows: bool = False
+    # Why distributed.strategy=fsdp cannot train it with these settings (None: it can).
+    fsdp_refusal: Callable[[Config], str | None] = trains_under_fsdp
     # The OOM ladder's rung: overrides making it cheaper, or None.
     cheaper: Callable[[Config], dict | None] = never_cheaper
 
