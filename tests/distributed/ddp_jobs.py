@@ -1,4 +1,4 @@
-"""A worker for the data-parallel tests, started once by torchrun with 2 gloo processes:
+"""A worker for the distributed tests, started once by torchrun with 2 gloo processes:
 it runs a list of jobs (JSON) one after the other, so the cases share one start-up of
 torch and transformers instead of paying it per case.
 
@@ -6,8 +6,11 @@ torch and transformers instead of paying it per case.
     {"train": CONFIG.yaml, "resume": RUN}           memfit.train(CONFIG, resume=RUN)
     {"state": CONFIG.yaml, "steps": 3, "out": DIR}
         3 optimizer steps of the real training step; each rank then writes what it holds
-        to DIR/rank-R.safetensors: its trainable weights (``weight/NAME``), GaLore
-        projectors P (``projector/NAME``) and the gradient scaler's scale (``scale``).
+        to DIR/rank-R.safetensors: its trainable weights (``weight/NAME``; its rows when
+        sharded), GaLore projectors P (``projector/NAME``), the gradient scaler's scale
+        (``scale``), its optimizer state's bytes as the tensor tracker counts them
+        (``optimizer_bytes``) and those of the state every rank holds whole
+        (``replicated_bytes``: what a sharded checkpoint saves as plain tensors).
 """
 
 from __future__ import annotations
@@ -20,10 +23,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
 
 from memfit import distributed
 from memfit.config import Config, from_mapping
 from memfit.config.load import read_yaml
+from memfit.monitor.tensor_tracker import TensorTracker
 from memfit.training.api import train
 from memfit.training.batches import BatchStream
 from memfit.training.build import build_run
@@ -47,16 +52,33 @@ def _state_after_steps(config: Config, steps: int) -> dict[str, torch.Tensor]:
     names = {id(p): name for name, p in run.model.named_parameters()}
     found = {f"projector/{names[id(p)]}": state["projector"].contiguous()
              for optimizer in _optimizers_with_state(run.optimizer)
-             for p, state in optimizer.state.items() if "projector" in state}
-    found.update({f"weight/{name}": p.detach().clone()
+             for p, state in optimizer.state.items()
+             if "projector" in state and id(p) in names}  # not under FSDP: keyed by rows
+    found.update({f"weight/{name}": _local(p).detach().clone()
                   for name, p in run.model.named_parameters() if p.requires_grad})
     if run.scaler is not None:
         found["scale"] = torch.tensor(run.scaler.get_scale())
-    run.replicas.close()
+    found["optimizer_bytes"] = torch.tensor(_optimizer_bytes(run.optimizer))
+    found["replicated_bytes"] = torch.tensor(sum(
+        value.nbytes for entries in run.optimizer.state_dict()["state"].values()
+        for value in entries.values()
+        if isinstance(value, torch.Tensor) and not isinstance(value, DTensor)))
+    if run.replicas is not None:
+        run.replicas.close()
     return found
 
 
-def _write_state(config_path: str, steps: int, out: Path) -> None:
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    tracker = TensorTracker()
+    tracker.attach(optimizer=optimizer)  # counts what it holds now
+    return tracker.live_by_category()["optimizer"]
+
+
+def write_state(config_path: str, steps: int, out: Path) -> None:
     config = distributed.setup(from_mapping(read_yaml(config_path)))
     rank = distributed.rank()
     try:
@@ -85,7 +107,7 @@ def main(jobs_file: str) -> None:
         if "train" in job:
             train(job["train"], resume=job.get("resume"))
         else:
-            _write_state(job["state"], job["steps"], Path(job["out"]))
+            write_state(job["state"], job["steps"], Path(job["out"]))
 
 
 if __name__ == "__main__":
