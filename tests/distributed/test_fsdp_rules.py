@@ -16,16 +16,16 @@ BASE = {"model": {"preset": "tiny-llama"}, "data": {"path": "rows.jsonl"},
 
 
 @pytest.mark.parametrize(("key", "value", "named"), [
-    ("optimizer.name", "adamw8bit", "optimizer.name=adamw8bit"),
-    ("optimizer.name", "adafactor", "optimizer.name=adafactor"),
-    ("optimizer.name", "galore", "optimizer.name=galore"),
-    ("optimizer.layerwise", True, "optimizer.layerwise=true"),
-    ("memory.optimizer_offload", True, "memory.optimizer_offload=true"),
+    ("optimizer.name", "paged_adamw8bit", "optimizer.name=paged_adamw8bit"),
+    ("optimizer.galore", {"projector": "online"}, "optimizer.galore.projector=online"),
+    ("optimizer.galore", {"inner": "adamw8bit"}, "optimizer.galore.inner=adamw8bit"),
     ("precision", "fp16", "precision=fp16"),
 ])
 def test_unsupported_combinations_are_refused_with_the_reason(key: str, value, named: str):
     section, _, leaf = key.rpartition(".")
     mapping = {**BASE, section: {leaf: value}} if section else {**BASE, key: value}
+    if leaf == "galore":
+        mapping["optimizer"]["name"] = "galore"
     with pytest.raises(ConfigError, match=f"distributed.strategy=fsdp cannot be combined "
                                           f"with {named}"):
         from_mapping(mapping)
@@ -39,6 +39,10 @@ def test_several_processes_need_fsdp():
 def test_supported_combinations_validate():
     for adapter in ("none", "lora", "qlora"):
         from_mapping({**BASE, "adapter": {"kind": adapter}, "precision": "bf16"})
+    for optimizer in ({"name": "adamw8bit"}, {"name": "adafactor"}, {"layerwise": True},
+                      {"name": "galore", "galore": {"projector": "svd"}, "layerwise": True}):
+        from_mapping({**BASE, "optimizer": optimizer})
+    from_mapping({**BASE, "memory": {"optimizer_offload": True}})
 
 
 def test_planner_divides_sharded_bytes_by_the_devices():
@@ -58,6 +62,7 @@ def test_planner_divides_sharded_bytes_by_the_devices():
 def test_plan_for_devices_skips_what_fsdp_cannot_train():
     result = plan(from_mapping({**BASE, "distributed": {"strategy": "none"}}), "1GiB",
                   device="cpu", devices=2)
-    assert "fsdp cannot train it" in result.skipped["fsdp:full-adamw8bit"]
-    assert "ddp:full-adamw8bit" in {row.name for row in result.strategies}
+    assert "fsdp cannot train it" in result.skipped["fsdp:full-galore8bit-layerwise"]
+    planned = {row.name for row in result.strategies}
+    assert {"ddp:full-galore8bit-layerwise", "fsdp:full-adamw8bit"} <= planned
     assert result.recommended is not None

@@ -50,7 +50,7 @@ def _trains_everything(config: Config) -> None:
 def _fsdp_refusal(config: Config) -> str | None:
     why = spec_for(config).fsdp_refusal(config)
     if why is not None:
-        return f"optimizer.name={config.optimizer.name}: {why}"
+        return why
     if config.precision is Precision.FP16:
         return ("precision=fp16: its gradient scaler checks for inf per process, not across "
                 "the sharded gradients; use precision=bf16")

@@ -28,8 +28,9 @@ QUANT_BLOCK = 256  # values per absmax scale
 
 
 def _paged_refusal(config: Config) -> str:
-    return ("its state is paged between GPU and host memory by CUDA, which FSDP2's "
-            "sharded parameters do not go through; use optimizer.name=adamw8bit")
+    return ("optimizer.name=paged_adamw8bit: its state is paged between GPU and host memory "
+            "by CUDA, which FSDP2's sharded parameters do not go through; use "
+            "optimizer.name=adamw8bit")
 
 
 def _factory(paged: bool):

@@ -96,7 +96,7 @@ def _fsdp_refusal(config: Config) -> str | None:
     projectors, inners = _ON_SHARDS
     if galore.projector not in projectors:
         return (f"optimizer.galore.projector={galore.projector}: its update reads the whole "
-                "gradient on every step, not once per refresh; use optimizer.galore.projector "
+                "gradient on every step, not once per refresh; use optimizer.galore.projector="
                 + " or ".join(p.value for p in projectors))
     if galore.inner not in inners:
         return (f"optimizer.galore.inner={galore.inner}: its state is factored or quantized "

@@ -89,7 +89,8 @@ class OptimizerSpec:
     # kernels take plain tensors, and an optimizer that reads whole tensors sums its
     # partial results over the processes (``set_row_shards``).
     steps_local_rows: bool = False
-    # Why distributed.strategy=fsdp cannot train it with these settings (None: it can).
+    # Why distributed.strategy=fsdp cannot train it with these settings, naming the key to
+    # change (None: it can).
     fsdp_refusal: Callable[[Config], str | None] = trains_under_fsdp
     # The OOM ladder's rung: overrides making it cheaper, or None.
     cheaper: Callable[[Config], dict | None] = never_cheaper
