@@ -1,4 +1,4 @@
-"""The planner under data parallel against 2 gloo processes: ``plan --devices 2``'s bytes
+"""The planner under data parallel and FSDP2 against 2 gloo processes: ``plan --devices 2``'s bytes
 per device at or above each rank's measured peak (the CPU tensor tracker's exact bytes)
 and within 15%; ``memory.auto`` on 2 processes plans once for 2 devices and every rank
 trains that choice, or the job stops with the planner's one line.
@@ -38,6 +38,13 @@ CASES = {
     "galore": {"optimizer": GALORE},
     "layerwise-adamw": {"optimizer": {"name": "adamw", "layerwise": True}},
 }
+# The same under FSDP2, with what it trains besides AdamW (each rank's rows of the state).
+_FSDP = {"distributed": {"strategy": "fsdp", "nproc": 2}}
+CASES.update({f"fsdp-{name}": {**sections, **_FSDP} for name, sections in [
+    ("adamw8bit", CASES["adamw8bit"]), ("adafactor", CASES["adafactor"]),
+    ("galore", CASES["galore"]), ("layerwise-adamw", CASES["layerwise-adamw"]),
+    ("layerwise-galore", {"optimizer": {**GALORE, "layerwise": True}}),
+    ("adamw-offloaded", {"memory": {"optimizer_offload": True}})]})
 # bitsandbytes keeps two 256-entry fp32 quantization maps (qmap1, qmap2: 2 KiB) shared by
 # every parameter, which the adamw8bit spec (techniques/optimizers/adamw8bit.py) does not
 # count: the plan is 1 KiB below the measurement (2 KiB of maps, 1 KiB of temporaries
@@ -60,8 +67,8 @@ def case_config(root: Path, name: str, data: Path, sections: dict) -> Path:
     train = {"max_steps": 3, "micro_batch_size": 2, "gradient_accumulation_steps": 1,
              "save_every": 0, "warmup_steps": 0, "max_grad_norm": 1.0,
              **sections.get("train", {})}
-    path = run_config(root, name, data, **{**sections, "train": train},
-                      distributed={"strategy": "ddp", "nproc": 2})
+    distributed = sections.get("distributed", {"strategy": "ddp", "nproc": 2})
+    path = run_config(root, name, data, **{**sections, "train": train, "distributed": distributed})
     mapping = yaml.safe_load(path.read_text())  # run_config's data section, full-length rows
     mapping["data"].update(max_length=SEQUENCE, eval_fraction=0.0)
     path.write_text(yaml.safe_dump(mapping))

@@ -101,7 +101,7 @@ def estimate(config: Config, device: str = "cuda",
     largest = costs.largest_trainable_bytes(params)
     # On a CPU-only machine the host is the device: the state stays where it was.
     offload = config.memory.optimizer_offload and device != "cpu"
-    state = 0 if offload else shard(optimizer.state_bytes)
+    state = 0 if offload else per_device.state_bytes(params, config, optimizer.state_bytes)
     with_grads, without = trace.peak, trace.peak_without_grads
     if devices > 1:
         with_grads, without = per_device.fsdp_in_backward(

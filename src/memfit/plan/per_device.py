@@ -16,14 +16,20 @@ ddp   every rank holds the whole model and the whole optimizer state, as one pro
       Layer-wise updates do without DDP: each gradient is all-reduced from its hook while
       the next one is computed, so one more full-size gradient is alive than in one process.
 fsdp  weights, gradients and optimizer state divided by the processes (a QLoRA 4-bit base
-      replicated); FSDP2's all-gather working set added in forward and backward.
+      replicated); FSDP2's all-gather working set added in forward and backward. An
+      optimizer stepping each process's rows (8-bit AdamW, Adafactor) keeps the state of
+      those rows: costed on each device's rows, the most loaded device counts (an 8-bit
+      shard under 4096 values keeps fp32 moments; its blocks of 256 start at its rows).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy
+from memfit.distributed.row_shards import RowShard
 from memfit.distributed.strategies import strategy_for
-from memfit.techniques.optimizers import Param, projects_in_backward
+from memfit.techniques.optimizers import Param, projects_in_backward, spec_for
 
 Split = dict[str, int]  # bytes by category at one moment
 
@@ -40,6 +46,26 @@ def sharded_weights(config: Config, weight_bytes: int) -> int:
     if devices == 1 or config.adapter.kind is AdapterKind.QLORA:
         return weight_bytes
     return -(-weight_bytes // devices)
+
+
+def state_bytes(params: list[Param], config: Config, whole_state: int) -> int:
+    """Optimizer state on the most loaded device (``whole_state``: all of it in one)."""
+    devices = sharded_over(config)
+    if devices == 1:
+        return whole_state
+    spec = spec_for(config)
+    # GaLore's projected weights keep P whole and divide R's moments (or not): their
+    # whole-tensor cost, divided, is within a few percent (tests/distributed/test_ddp_plan).
+    by_rows = [p for p in params if not p.projected] if spec.steps_local_rows else []
+    if not by_rows:
+        return -(-whole_state // devices)
+    whole_by_rows = sum(cost.state for cost in spec.costs(by_rows, config))
+    per_rank = []
+    for rank in range(devices):
+        rows = [replace(p, shape=(RowShard.of(p.shape, rank, devices).rows, *p.shape[1:]))
+                for p in by_rows]
+        per_rank.append(sum(cost.state for cost in spec.costs(rows, config)))
+    return -(-(whole_state - whole_by_rows) // devices) + max(per_rank)
 
 
 def fsdp_in_backward(with_grads: Split, without: Split, devices: int, block_bytes: int,
