@@ -110,15 +110,17 @@ def _distributed(strategy: DistributedStrategy, devices: int) -> Overrides:
 
 
 def _candidates(config: Config, devices: int) -> list[tuple[str, Overrides]]:
-    """(name, overrides) in order of preference. Over several devices every strategy under
-    ddp first, then under fsdp: data parallel whenever the model fits one device (it only
-    all-reduces gradients; FSDP2 also gathers every weight in forward and in backward)."""
+    """(name, overrides) in order of preference. Over several devices each strategy of the
+    ladder under ddp, then under fsdp: a more preferred method sharded comes before a less
+    preferred one replicated (full-parameter training over adapters), and of one method
+    data parallel first (it only all-reduces gradients; FSDP2 also gathers every weight in
+    forward and in backward)."""
     ladder = strategies(_chunked_loss_ok(config))
     if devices == 1:
         return ladder
     return [(f"{strategy.value}:{name}", {**overrides, **_distributed(strategy, devices)})
-            for strategy in (DistributedStrategy.DDP, DistributedStrategy.FSDP)
-            for name, overrides in ladder]
+            for name, overrides in ladder
+            for strategy in (DistributedStrategy.DDP, DistributedStrategy.FSDP)]
 
 
 def recommend(config: Config, budget_bytes: int, device: str = "cuda",
@@ -205,12 +207,13 @@ def _why_this_one(row: StrategyEstimate, rows: list[StrategyEstimate], budget: i
                 "process holds it whole and only gradients are all-reduced, with no weight "
                 "gathered per block as FSDP2 would; " + why)
     if row.distributed == DistributedStrategy.FSDP.value:
-        replicated = [r for r in rows if r.distributed == DistributedStrategy.DDP.value]
-        smallest = min(replicated, key=lambda r: r.estimate.device_bytes, default=None)
-        needs = (f" (the smallest, {smallest.name}, needs "
-                 f"{format_bytes(smallest.estimate.device_bytes)} per device)" if smallest else "")
-        return (f"FSDP2 (fsdp): no strategy fits one device under data parallel{needs}, so "
-                "weights, gradients and optimizer state are sharded over the processes; " + why)
+        method = row.name.partition(":")[2]
+        replicated = next((r for r in rows if r.name == f"ddp:{method}"), None)
+        needs = (f" (ddp:{method} needs {format_bytes(replicated.estimate.device_bytes)} per "
+                 "device)" if replicated else "")
+        return (f"FSDP2 (fsdp): {method} does not fit one device under data parallel{needs}, "
+                "so weights, gradients and optimizer state are sharded over the processes; "
+                + why)
     return why
 
 

@@ -4,7 +4,8 @@ A strategy is a set of config overrides (dotted keys, the values users write). O
 preference (docs/planner.md explains it): quality first, then speed —
 
   methods  full-adamw, full-adamw8bit, full-adafactor, full-galore,
-           full-galore8bit-layerwise (bf16-pure), lora, qlora
+           full-galore8bit-layerwise (bf16-pure), full-galore-layerwise (bf16-pure),
+           lora, qlora
            (full-parameter training before adapters: GLUE avg full 86.28 > GaLore 85.89 >
            LoRA 85.61, GaLore paper; 8-bit Adam matches 32-bit; a 4-bit base is lossy)
   levels   plain, +ckpt (checkpointing, and chunked loss for LMs: ~30% slower),
@@ -38,6 +39,10 @@ METHODS: list[tuple[str, Overrides]] = [
     ("full-galore8bit-layerwise", {**_FULL, "optimizer.name": "galore",
                                    "optimizer.galore.inner": "adamw8bit",
                                    "optimizer.layerwise": True, "precision": "bf16-pure"}),
+    # The same with fp32 moments on R: what FSDP2 shards (8-bit inner state is not divided).
+    ("full-galore-layerwise", {**_FULL, "optimizer.name": "galore",
+                               "optimizer.galore.inner": "adamw",
+                               "optimizer.layerwise": True, "precision": "bf16-pure"}),
     ("lora", {**_ADAPTER, "adapter.kind": "lora"}),
     ("qlora", {**_ADAPTER, "adapter.kind": "qlora"}),
 ]

@@ -68,10 +68,10 @@ def test_two_devices_plan_every_strategy_under_ddp_and_fsdp():
     result = plan(tiny_llama(), "64MiB", device="cpu", devices=2)
     ladder = [name for name, _ in strategies(chunked_loss_ok=True)]
     planned = [row.name for row in result.strategies]
-    # ddp first, in the ladder's order, then fsdp: FSDP2's refusals are skipped for fsdp only.
-    assert planned[:len(ladder)] == [f"ddp:{name}" for name in ladder]
-    assert planned[len(ladder):] == [f"fsdp:{name}" for name in ladder
-                                     if f"fsdp:{name}" not in result.skipped]
+    # The ladder's order, each strategy under ddp then under fsdp: FSDP2's refusals are
+    # skipped for fsdp only.
+    assert planned == [f"{strategy}:{name}" for name in ladder for strategy in ("ddp", "fsdp")
+                       if f"{strategy}:{name}" not in result.skipped]
     # FSDP2 trains every rung but 8-bit GaLore (its inner state is quantized over whole rows).
     assert "fsdp:full-galore8bit-layerwise" in result.skipped
     assert all(name.startswith("fsdp:full-galore8bit-layerwise") for name in result.skipped)
@@ -97,12 +97,15 @@ def test_the_given_config_is_planned_under_its_own_strategy_and_process_count():
                                                      "cpu").bytes["weights"]
 
 
-def test_ddp_recommends_8bit_adamw_before_galore_and_before_fsdp():
+def test_a_preferred_method_sharded_is_recommended_before_a_lesser_one_replicated():
     result = plan(tiny_llama(), 2_250_000, device="cpu", devices=2)
     fits = {row.name for row in result.strategies if row.fits}
     assert not any(name.startswith("ddp:full-adamw") and "8bit" not in name for name in fits)
-    assert {"ddp:full-adamw8bit", "ddp:full-galore+ckpt", "fsdp:full-adamw+ckpt"} <= fits
-    assert result.recommended == "ddp:full-adamw8bit"
+    assert {"ddp:full-adamw8bit", "fsdp:full-adamw"} <= fits
+    # Full AdamW, sharded, before 8-bit AdamW replicated; the reason names what ddp needs.
+    assert result.recommended == "fsdp:full-adamw"
+    assert result.reason.startswith("FSDP2 (fsdp): full-adamw does not fit one device under "
+                                    "data parallel (ddp:full-adamw needs ")
 
 
 def test_fsdp_is_recommended_when_no_strategy_fits_one_device():
@@ -111,5 +114,6 @@ def test_fsdp_is_recommended_when_no_strategy_fits_one_device():
     assert not any(row.fits for row in result.strategies if row.distributed == "ddp")
     first_fsdp = next(row for row in result.strategies if row.fits)
     assert result.recommended == first_fsdp.name and first_fsdp.distributed == "fsdp"
-    assert result.reason.startswith("FSDP2 (fsdp): no strategy fits one device under data "
-                                    "parallel (the smallest, ddp:")
+    method = first_fsdp.name.partition(":")[2]
+    assert result.reason.startswith(f"FSDP2 (fsdp): {method} does not fit one device under "
+                                    f"data parallel (ddp:{method} needs ")
