@@ -58,3 +58,12 @@ def memfit(*arguments: str, cwd: Path, timeout: float = 300) -> subprocess.Compl
     return subprocess.run([sys.executable, "-m", "memfit", *arguments], cwd=cwd,
                           capture_output=True, text=True, env=memfit_environment(),
                           timeout=timeout)
+
+
+def on_two_processes(script: str, *arguments: str, cwd: Path,
+                     timeout: float = 900) -> subprocess.CompletedProcess:
+    """``script`` (a file beside these helpers) run by torchrun as 2 gloo processes."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+         "--max-restarts=0", str(HERE / script), *arguments],
+        cwd=cwd, env=memfit_environment(), capture_output=True, text=True, timeout=timeout)

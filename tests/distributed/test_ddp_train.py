@@ -12,15 +12,13 @@ from __future__ import annotations
 import json
 import pickle
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import yaml
-from dist_helpers import HERE, memfit_environment, run_config, write_text_rows
+from dist_helpers import on_two_processes, run_config, write_text_rows
 from safetensors.torch import load_file
 
 from memfit.bench.random_llama import LlamaShape, llama_config, save_random_model
@@ -126,10 +124,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     resumed = _interrupted_copy(root, "adamw-1", "resumed-1to2")
     jobs.append({"train": str(_resume_config(resumed, 2)), "resume": str(resumed)})
     (root / "jobs.json").write_text(json.dumps(jobs))
-    job = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "--max-restarts=0", str(HERE / "ddp_jobs.py"), str(root / "jobs.json")],
-        cwd=root, env=memfit_environment(), capture_output=True, text=True, timeout=900)
+    job = on_two_processes("ddp_jobs.py", str(root / "jobs.json"), cwd=root)
     assert job.returncode == 0, job.stderr[-4000:]
     return root
 

@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
 from ddp_jobs import write_state
-from dist_helpers import HERE, memfit_environment, run_config, write_text_rows
+from dist_helpers import on_two_processes, run_config, write_text_rows
 from safetensors.torch import load_file
 
 from memfit.monitor.metrics import losses_by_step, read_metrics
@@ -92,10 +90,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         copy, config = _interrupted_copy(root, f"{name}-fsdp1", 2)
         jobs.append({"train": str(config), "resume": str(copy)})
     (root / "jobs.json").write_text(json.dumps(jobs))
-    job = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-         "--max-restarts=0", str(HERE / "ddp_jobs.py"), str(root / "jobs.json")],
-        cwd=root, env=memfit_environment(), capture_output=True, text=True, timeout=900)
+    job = on_two_processes("ddp_jobs.py", str(root / "jobs.json"), cwd=root)
     assert job.returncode == 0, job.stderr[-4000:]
     for name in CASES:
         copy, config = _interrupted_copy(root, f"{name}-2", 1)
