@@ -131,11 +131,11 @@ def test_memory_auto_on_two_processes_trains_one_plan_for_two_devices(tmp_path: 
     chosen = [line for line in result.stderr.splitlines() if "memory.auto chose" in line]
     assert len(chosen) == 2 and chosen[0] == chosen[1]  # each rank says what it applied
     choice = json.loads((tmp_path / "auto" / "summary.json").read_text())["auto_fit"]
-    # Planned for 2 devices (names carry the distribution), one of them being enough.
-    assert choice["strategy"].startswith("ddp:") and "data parallel" in choice["reason"]
-    assert choice["overrides"]["distributed.nproc"] == 2
+    # Planned for 2 devices (names carry the distribution) and trained as planned.
+    strategy = choice["strategy"].partition(":")[0]
+    assert strategy in ("ddp", "fsdp") and choice["overrides"]["distributed.nproc"] == 2
     resolved = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
-    assert resolved["distributed"] == {"strategy": "ddp", "nproc": 2}
+    assert resolved["distributed"] == {"strategy": strategy, "nproc": 2}
     steps = [record["step"] for record in read_metrics(tmp_path / "auto") if "loss" in record]
     assert steps == [1, 2]  # within the budget each rank's tracker enforced
 
