@@ -188,6 +188,16 @@ def _trainer_state(folder: Path, manifest: Manifest) -> TrainerState:
         raise CheckpointError(f"{path}: not a trainer state ({error})") from None
 
 
+def _load_optimizer(folder: Path, optimizer, saved: dict) -> None:
+    """The optimizer's state, or a one-line error when it is not this optimizer's (a layout
+    an earlier memfit wrote, say)."""
+    try:
+        optimizer.load_state_dict(saved)
+    except (KeyError, ValueError) as error:
+        raise CheckpointError(f"{folder / 'optimizer.pt'}: its state does not fit this run's "
+                              f"optimizer ({error}); start a new run") from None
+
+
 def load_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler, scaler) -> TrainerState:
     """Verify ``folder`` against its manifest (DamagedCheckpoint otherwise), then restore
     everything from it; collective for a sharded checkpoint when distributed."""
@@ -204,7 +214,7 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler, scaler
         _copy_into(folder, "buffers.safetensors",
                    _safetensors_file(folder, manifest, "buffers.safetensors"),
                    dict(model.named_buffers()))
-        optimizer.load_state_dict(_torch_file(folder, manifest, "optimizer.pt"))
+        _load_optimizer(folder, optimizer, _torch_file(folder, manifest, "optimizer.pt"))
     scheduler.load_state_dict(_torch_file(folder, manifest, "scheduler.pt"))
     if scaler is not None:
         scaler.load_state_dict(_torch_file(folder, manifest, "scaler.pt"))

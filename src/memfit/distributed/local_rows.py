@@ -29,7 +29,7 @@ import torch
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim import Optimizer
 
-from memfit.distributed.row_shards import RowShard
+from memfit.distributed.row_shards import RowShard, elementwise_placement
 
 Factory = Callable[[list[dict]], Optimizer]
 
@@ -42,11 +42,6 @@ def _local_view(param: DTensor) -> torch.Tensor:
         raise RuntimeError(f"the local shard of a {tuple(param.shape)} parameter is not "
                            "contiguous")
     return view
-
-
-def _elementwise_placement(local: torch.Tensor, key: str, value: torch.Tensor) -> int | None:
-    """State shaped like the parameter is divided like its rows; the rest is whole."""
-    return 0 if value.dim() >= 1 and value.shape == local.shape else None
 
 
 def _hyperparameters(group: dict) -> dict:
@@ -94,10 +89,6 @@ class LocalRowsOptimizer(Optimizer):
     def grad_norm(self) -> float | None:
         return self.inner.grad_norm
 
-    @property
-    def inner_optimizers(self) -> list[Optimizer]:
-        return getattr(self.inner, "inner_optimizers", [self.inner])
-
     def begin_micro_batch(self, index: int) -> None:
         self._sync_hyperparameters()  # layer-wise steps run in the backward that follows
         self.inner.begin_micro_batch(index)
@@ -122,7 +113,7 @@ class LocalRowsOptimizer(Optimizer):
     def _placement(self, view: torch.Tensor, key: str, value: torch.Tensor) -> int | None:
         placement = getattr(self.inner, "state_placement", None)
         if placement is None:
-            return _elementwise_placement(view, key, value)
+            return elementwise_placement(view, value)
         return placement(view, key)
 
     def state_dict(self) -> dict[str, Any]:

@@ -18,6 +18,13 @@ import torch
 import torch.distributed as dist
 
 
+def elementwise_placement(param: torch.Tensor, value: torch.Tensor) -> int | None:
+    """How the state ``value`` of an elementwise optimizer (AdamW, 8-bit AdamW) is divided
+    among the processes: shaped like the parameter's rows, along dim 0 as they are; any
+    other value (a step count) is whole on every process."""
+    return 0 if value.dim() >= 1 and value.shape == param.shape else None
+
+
 @dataclass(frozen=True)
 class RowShard:
     full_shape: torch.Size  # the whole tensor's shape; the local rows are full_shape[1:]

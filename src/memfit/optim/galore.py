@@ -148,7 +148,7 @@ def _validate(group: dict[str, Any]) -> None:
             raise ConfigError(f"GaLore {key}={group[key]!r} must be >= 0")
 
 
-def _is_tall(shape: torch.Size) -> bool:
+def is_tall(shape: torch.Size) -> bool:
     """Whether a >= 2-D tensor of `shape`, viewed as rows x rest, has more rows than
     columns (its g is then the transposed matrix)."""
     return shape[0] > math.prod(shape[1:])
@@ -159,7 +159,7 @@ def _matrix(tensor: torch.Tensor, whole_shape: torch.Size) -> torch.Tensor:
     transposed when the whole tensor is tall. `tensor` is the whole tensor or some rows of
     it (possibly none; hence the explicit column count)."""
     matrix = tensor.reshape(tensor.shape[0], math.prod(whole_shape[1:])).float()
-    return matrix.T if _is_tall(whole_shape) else matrix
+    return matrix.T if is_tall(whole_shape) else matrix
 
 
 def _unmatrix(update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
@@ -270,13 +270,13 @@ class GaLore(StatePreservingOptimizer):
         if shard is None:
             return g
         # The param's rows are g's columns when the whole tensor is tall (_matrix).
-        return shard.gather(g.T).T if _is_tall(shard.full_shape) else shard.gather(g)
+        return shard.gather(g.T).T if is_tall(shard.full_shape) else shard.gather(g)
 
     def _local_basis(self, param: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
         """The rows of P (s x r) that map back onto `param`'s rows: a wide param's rows
         of P, all of P for a tall param (its rows are columns of g) or a whole one."""
         shard = self._row_shards.get(param)
-        if shard is None or _is_tall(shard.full_shape):
+        if shard is None or is_tall(shard.full_shape):
             return basis
         return shard.local(basis)
 
@@ -294,7 +294,7 @@ class GaLore(StatePreservingOptimizer):
         if self._rank(param, self.locate(param)[0]) is None:
             return 0  # moments shaped like the param's rows
         # Moments on R (r x l): a tall param's local rows are columns of R.
-        return 1 if _is_tall(shard.full_shape) else None
+        return 1 if is_tall(shard.full_shape) else None
 
     # ----- which parameters are projected, and into what shape -------------------------
 
@@ -348,7 +348,7 @@ class GaLore(StatePreservingOptimizer):
         group, _ = self.locate(param)
         shape = self.accumulation_shape_of(tuple(self._whole_shape(param)), group)
         shard = self._row_shards.get(param)
-        if shape is None or shard is None or not _is_tall(shard.full_shape):
+        if shape is None or shard is None or not is_tall(shard.full_shape):
             return shape
         return torch.Size((shape[0], shard.rows))
 
@@ -483,7 +483,7 @@ class GaLore(StatePreservingOptimizer):
             self._refresh(state, group, position, self._whole_matrix(param, g), rank, step,
                           torch.Size((rank, g.shape[1])))
         shard = self._row_shards.get(param)
-        if shard is None or _is_tall(shard.full_shape):
+        if shard is None or is_tall(shard.full_shape):
             basis = self._basis(state, group, g.shape[0], rank, g.device)
             return basis.T @ g  # r x l, or r x (local rows) for a tall shard
         # Wide shard: R = P^T G sums over G's rows, which the processes divide (r x l).
@@ -555,7 +555,7 @@ class GaLore(StatePreservingOptimizer):
         else:
             updates = _projected_back_by_rows(
                 self._local_basis(param, state["projector"]), direction, param,
-                _is_tall(self._whole_shape(param)),
+                is_tall(self._whole_shape(param)),
             )
         state["step"] = step + 1
         apply_updates_by_rows_(

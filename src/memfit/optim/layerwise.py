@@ -70,8 +70,8 @@ import torch
 from torch.optim import Optimizer
 
 from memfit._utils.errors import ConfigError
-from memfit.distributed.row_shards import RowShard
-from memfit.optim.galore import GaLore
+from memfit.distributed.row_shards import RowShard, elementwise_placement
+from memfit.optim.galore import GaLore, is_tall
 
 REFRESH_CHOICES: tuple[str, ...] = ("micro_batch", "full_gradient")
 
@@ -182,8 +182,7 @@ class LayerwiseOptimizer(Optimizer):
         placement = getattr(inner, "state_placement", None)
         if placement is not None:
             return placement(param, key)
-        value = inner.state[param][key]
-        return 0 if value.dim() >= 1 and value.shape == param.shape else None
+        return elementwise_placement(param, inner.state[param][key])
 
     def take_gradient(self, param: torch.Tensor) -> None:
         """What the post-accumulate-grad hook does, for a caller holding the gradient of
@@ -305,7 +304,7 @@ class LayerwiseOptimizer(Optimizer):
                        projected: bool) -> None:
         square = torch.linalg.vector_norm(grad, dtype=torch.float32).square()
         shard = self._shards.get(index)
-        if shard is not None and self._holds_rows(index, shard, projected):
+        if shard is not None and self._holds_rows(shard, projected):
             shard.sum_(square)  # the whole tensor's norm, as on one process
         self._squared_norms.append(square)
         norm = square.sqrt()
@@ -315,14 +314,11 @@ class LayerwiseOptimizer(Optimizer):
         self._step_inner(index, param, grad, projected)
 
     @staticmethod
-    def _holds_rows(index: int, shard: RowShard, projected: bool) -> bool:
+    def _holds_rows(shard: RowShard, projected: bool) -> bool:
         """Whether a consumed gradient of a sharded parameter is only this process's part:
         its rows, or GaLore's R of a tall weight (r x local rows); the R of a wide weight is
         summed over the processes when projected, so it is whole (memfit.optim.galore)."""
-        if not projected:
-            return True
-        rows = shard.full_shape[0]
-        return rows > math.prod(shard.full_shape) // rows
+        return not projected or is_tall(shard.full_shape)
 
     def _step_inner(
         self, index: int, param: torch.Tensor, grad: torch.Tensor, projected: bool
