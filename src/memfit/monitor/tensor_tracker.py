@@ -206,6 +206,7 @@ class TensorTracker(TorchDispatchMode):
             self._saved_hooks.__enter__()
         # Global, so optimizers stepped inside a layer-wise (in-backward) wrapper count too.
         self._optimizer_hook = register_optimizer_step_post_hook(self._after_optimizer_step)
+        self._watch_storage_resizes()
         self._entered = True
         return super().__enter__()
 
@@ -220,10 +221,35 @@ class TensorTracker(TorchDispatchMode):
             super().__exit__(*exc)
         finally:
             self._entered = False
+            torch.UntypedStorage.resize_ = self._resize_outside_dispatch
             self._optimizer_hook.remove()
             hooks, self._saved_hooks = self._saved_hooks, None
             if hooks is not None:
                 hooks.__exit__()
+
+    def _watch_storage_resizes(self) -> None:
+        """Count ``UntypedStorage.resize_`` while entered. It is not an operator, so the
+        dispatcher never shows it, and FSDP2 frees each unit's all-gathered weights with
+        it after forward (and allocates them again before backward): a storage only the
+        dispatcher saw would otherwise stay counted at its full size until it dies."""
+        resize = self._resize_outside_dispatch = torch.UntypedStorage.resize_
+
+        def counted_resize(storage: torch.UntypedStorage, size: int):
+            result = resize(storage, size)
+            if storage.device.type == "cpu":
+                self._storage_resized(storage)
+            return result
+
+        torch.UntypedStorage.resize_ = counted_resize
+
+    def _storage_resized(self, storage: torch.UntypedStorage) -> None:
+        live, nbytes = self._live, storage.nbytes()
+        ref = live.records.get(id(storage))
+        if ref is not None:
+            live.resize(ref, nbytes)
+        elif nbytes:
+            self._add(storage, nbytes, fresh_category(self._pack_hook))
+        self._update_peak()
 
     # ---- bookkeeping -----------------------------------------------------------------
     @classmethod

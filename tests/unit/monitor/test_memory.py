@@ -132,6 +132,26 @@ def test_tensor_freed_mid_step_counts_at_peak_but_not_at_end() -> None:
     assert meter.tracker.live_bytes == 0
 
 
+def test_storage_resized_in_place_counts_its_new_size() -> None:
+    """FSDP2 frees a unit's all-gathered weights with ``UntypedStorage.resize_(0)`` after
+    forward and grows them again before backward; that call never reaches the dispatcher."""
+    meter = make_memory_meter("cpu")
+    original_resize = torch.UntypedStorage.resize_
+    with meter.step():
+        gathered = torch.zeros(1000)
+        gathered.untyped_storage().resize_(0)
+        assert meter.tracker.live_bytes == 0
+        gathered.untyped_storage().resize_(500 * FP32)
+        assert meter.tracker.live_bytes == 500 * FP32
+        outside = torch.empty(0, device="meta")  # not a CPU storage: not counted
+        outside.untyped_storage().resize_(64)
+        assert meter.tracker.live_bytes == 500 * FP32
+    memory = meter.last_step
+    assert memory is not None and memory.peak_bytes == 1000 * FP32
+    assert memory.live_bytes_at_end == 500 * FP32
+    assert torch.UntypedStorage.resize_ is original_resize  # put back on exit
+
+
 def test_budget_raises_at_the_allocation_that_exceeds_it() -> None:
     meter = make_memory_meter("cpu", budget_bytes=1000)
     reached_budget = False
