@@ -79,8 +79,7 @@ class _Sizing:
     weight_bytes: int
     params: list[costs.Param]
     trace: TraceResult
-    block_bytes: int  # the largest repeated block's weights (one FSDP2 unit)
-    block_trainable_bytes: int  # ... and its trainable part (its unsharded gradients)
+    units: per_device.Units  # what FSDP2 gathers
     batch_bytes: int  # one micro-batch's input tensors
 
 
@@ -104,8 +103,7 @@ def estimate(config: Config, device: str = "cuda",
     state = 0 if offload else per_device.state_bytes(params, config, optimizer.state_bytes)
     with_grads, without = trace.peak, trace.peak_without_grads
     if devices > 1:
-        with_grads, without = per_device.fsdp_in_backward(
-            with_grads, without, devices, sizing.block_bytes, sizing.block_trainable_bytes)
+        with_grads, without = per_device.fsdp_in_backward(trace, devices, sizing.units)
     buckets = per_device.ddp_bucket_bytes(params, config)
     accumulating = config.train.gradient_accumulation_steps > 1
     # Every grad alive (DDP's are its buckets), plus the one being added to them.
@@ -133,6 +131,9 @@ def estimate(config: Config, device: str = "cuda",
         candidates = [first_micro_batch,
                       {"grads": grads, "activations": inputs,
                        "temporaries": 0 if offload else shard(optimizer.step_scratch_bytes)}]
+        if devices > 1:  # FSDP2 divides the grads: the peak can be without them
+            candidates.append({"grads": 0, "activations": without["activations"],
+                               "temporaries": without["temporaries"]})
         if buckets:
             # DDP rebuilds its buckets once, in the order the first backward filled them,
             # at the start of the second step's forward: new ones beside the old.
@@ -159,17 +160,22 @@ def _inputs_in_step(config: Config, sizing: _Sizing, device: str) -> int:
     return batches * sizing.batch_bytes
 
 
-def _block_bytes(model: nn.Module) -> tuple[int, int]:
-    """(weights, trainable) bytes of the largest item of any nn.ModuleList (the repeated
-    blocks FSDP2 gathers one at a time); (0, 0) when the model has none."""
-    def sizes(block: nn.Module) -> tuple[int, int]:
-        parameters = list(block.parameters())
-        return (sum(p.numel() * p.element_size() for p in parameters),
-                sum(p.numel() * p.element_size() for p in parameters if p.requires_grad))
+def _units(model: nn.Module) -> per_device.Units:
+    """The largest item of any nn.ModuleList (the repeated blocks FSDP2 gathers one at a
+    time) and the floating-point weights outside them (the root unit); integer-stored
+    (quantized) weights are not gathered."""
+    def sizes(parameters: list[nn.Parameter]) -> tuple[int, int]:
+        gathered = [p for p in parameters if p.is_floating_point()]
+        return (sum(p.numel() * p.element_size() for p in gathered),
+                sum(p.numel() * p.element_size() for p in gathered if p.requires_grad))
 
     blocks = [item for module in model.modules() if isinstance(module, nn.ModuleList)
               for item in module]
-    return max((sizes(block) for block in blocks), default=(0, 0))
+    in_blocks = {id(p) for block in blocks for p in block.parameters()}
+    block, block_trainable = max((sizes(list(b.parameters())) for b in blocks),
+                                 default=(0, 0))
+    root, _ = sizes([p for p in model.parameters() if id(p) not in in_blocks])
+    return per_device.Units(block, block_trainable, root)
 
 
 def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> _Sizing:
@@ -204,7 +210,7 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
     trace = trace_micro_batch(built.model, make_batch, loss_sum,
                               AUTOCAST_DTYPES.get(config.precision),
                               config.memory.activation_offload)
-    return _Sizing(weights, params, trace, *_block_bytes(built.model), batch_bytes)
+    return _Sizing(weights, params, trace, _units(built.model), batch_bytes)
 
 
 def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
@@ -221,10 +227,11 @@ def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
     params = list(one.params) + [p for p, n in per_layer.items() for _ in range(n * extra_layers)]
     trace = TraceResult(grow_split(one.trace.peak, two.trace.peak),
                         grow_split(one.trace.peak_without_grads, two.trace.peak_without_grads),
+                        grow_split(one.trace.backward_without_grads,
+                                   two.trace.backward_without_grads),
                         grow(one.trace.host_peak_bytes, two.trace.host_peak_bytes))
     return _Sizing(grow(one.weight_bytes, two.weight_bytes), params, trace,
-                   max(one.block_bytes, two.block_bytes),
-                   max(one.block_trainable_bytes, two.block_trainable_bytes), one.batch_bytes)
+                   max(one.units, two.units, key=lambda units: units.block), one.batch_bytes)
 
 
 def _batch_key(example_batch: ExampleBatch | None) -> tuple | None:

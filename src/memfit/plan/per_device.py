@@ -24,14 +24,24 @@ fsdp  weights, gradients and optimizer state divided by the processes (a QLoRA 4
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy
 from memfit.distributed.row_shards import RowShard
 from memfit.distributed.strategies import strategy_for
+from memfit.plan.trace import TraceResult
 from memfit.techniques.optimizers import Param, projects_in_backward, spec_for
 
 Split = dict[str, int]  # bytes by category at one moment
+
+
+@dataclass(frozen=True)
+class Units:
+    """Floating-point weight bytes of FSDP2's units (distributed.fsdp: one per block)."""
+
+    block: int  # the largest repeated block
+    block_trainable: int  # ... its trainable part (its unsharded gradients)
+    root: int  # everything outside the blocks (embeddings, final norm, head)
 
 
 def sharded_over(config: Config) -> int:
@@ -68,15 +78,29 @@ def state_bytes(params: list[Param], config: Config, whole_state: int) -> int:
     return -(-(whole_state - whole_by_rows) // devices) + max(per_rank)
 
 
-def fsdp_in_backward(with_grads: Split, without: Split, devices: int, block_bytes: int,
-                     block_trainable_bytes: int) -> tuple[Split, Split]:
-    """The traced forward/backward peaks on one FSDP2 device: grads sharded, plus the
-    all-gather working set (one block running, one prefetched) and that block's unsharded
-    gradients before their reduce-scatter."""
-    gathered = 2 * block_bytes + block_trainable_bytes
-    return ({**with_grads, "grads": -(-with_grads["grads"] // devices),
-             "temporaries": with_grads["temporaries"] + gathered},
-            {**without, "temporaries": without["temporaries"] + gathered})
+def fsdp_in_backward(trace: TraceResult, devices: int, units: Units) -> tuple[Split, Split]:
+    """The traced forward/backward peaks on one FSDP2 device, (with the grads, without):
+    grads sharded, plus the all-gather working set.
+
+    The root unit's weights stay gathered from forward to the end of backward (FSDP2
+    does not reshard the root after forward); a block runs while the next is prefetched;
+    in backward the reduce-scatter's flat copy of a block's gradients is alive too (the
+    gradients themselves are the trace's). Without the grads it is the larger of the
+    start of backward (the forward peak) and the backward moment with the most bytes
+    besides grads (the activations of the blocks not yet reached): a model whose
+    forward peak is its logits peaks there once FSDP2 has divided the grads."""
+    forward = units.root + 2 * units.block
+    backward = forward + units.block_trainable
+    in_backward = trace.peak["grads"] > 0  # or the forward peak, grads still to come
+    with_grads = {**trace.peak, "grads": -(-trace.peak["grads"] // devices),
+                  "temporaries": trace.peak["temporaries"] + (backward if in_backward
+                                                              else forward)}
+    start = {**trace.peak_without_grads,
+             "temporaries": trace.peak_without_grads["temporaries"] + forward}
+    middle = {**trace.backward_without_grads, "grads": 0,
+              "temporaries": trace.backward_without_grads["temporaries"] + backward}
+    without = max(start, middle, key=lambda split: sum(split.values()) - split["grads"])
+    return with_grads, without
 
 
 def ddp_bucket_bytes(params: list[Param], config: Config) -> int:

@@ -47,15 +47,19 @@ _SELECTIONS = {torch.ops.aten.nonzero.default, torch.ops.aten.index.Tensor,
 
 @dataclass(frozen=True)
 class TraceResult:
-    """Bytes of one micro-batch's forward + backward, at two moments.
+    """Bytes of one micro-batch's forward + backward, at three moments.
 
     ``peak``: the split at the highest live total. ``peak_without_grads``: the split at
     the highest total of everything but grads — the peak when grads already exist from an
     earlier micro-batch (add them all) or are consumed as they appear (layer-wise: add one).
+    ``backward_without_grads``: the same among the moments of backward (once a first grad
+    exists): where FSDP2, which divides the grads, peaks when the loss's own tensors are
+    what made the forward peak.
     """
 
     peak: dict[str, int]
     peak_without_grads: dict[str, int]
+    backward_without_grads: dict[str, int]
     host_peak_bytes: int  # activations held in host memory by offload
 
 
@@ -88,7 +92,7 @@ class LiveBytes(TorchDispatchMode):
         moments = len(self._timeline) // width
         if not moments:
             empty = dict.fromkeys(CATEGORIES, 0)
-            return TraceResult(empty, dict(empty), self.host_peak_bytes)
+            return TraceResult(empty, dict(empty), dict(empty), self.host_peak_bytes)
         # Promotions as a difference array over moments, then a running sum.
         changes: dict[int, list[int]] = {}
         for first, last, old, new, nbytes in self._promotions:
@@ -98,6 +102,7 @@ class LiveBytes(TorchDispatchMode):
                 delta[new] += sign * nbytes
         correction = [0] * width
         best_all = best_nograd = None
+        best_backward = [0] * width
         for moment in range(moments):
             delta = changes.get(moment)
             if delta is not None:
@@ -107,10 +112,14 @@ class LiveBytes(TorchDispatchMode):
             total = sum(values)
             if best_all is None or total > sum(best_all):
                 best_all = values
-            if best_nograd is None or total - values[GRADS] > sum(best_nograd) - best_nograd[GRADS]:
+            without = total - values[GRADS]
+            if best_nograd is None or without > sum(best_nograd) - best_nograd[GRADS]:
                 best_nograd = values
-        return TraceResult(dict(zip(CATEGORIES, best_all, strict=True)),
-                           dict(zip(CATEGORIES, best_nograd, strict=True)), self.host_peak_bytes)
+            if values[GRADS] and without > sum(best_backward) - best_backward[GRADS]:
+                best_backward = values
+        return TraceResult(*(dict(zip(CATEGORIES, split, strict=True))
+                             for split in (best_all, best_nograd, best_backward)),
+                           self.host_peak_bytes)
 
     # ---- registration -----------------------------------------------------------------
     def add(self, tensor: torch.Tensor, category: int) -> None:

@@ -108,12 +108,19 @@ def test_a_preferred_method_sharded_is_recommended_before_a_lesser_one_replicate
                                     "data parallel (ddp:full-adamw needs ")
 
 
-def test_fsdp_is_recommended_when_no_strategy_fits_one_device():
+def test_fsdp_is_recommended_when_a_preferred_method_fits_only_sharded():
+    """The budget is the bytes of the first FSDP2 row that needs less than every row
+    preferred before it (ddp of its own method included), so it is the first that fits."""
     config = tiny_llama()
-    result = plan(config, 760_000, device="cpu", devices=2)
-    assert not any(row.fits for row in result.strategies if row.distributed == "ddp")
+    rows = plan(config, 2**40, device="cpu", devices=2).strategies
+    budget = next(row.estimate.device_bytes for position, row in enumerate(rows)
+                  if row.distributed == "fsdp" and row.estimate.device_bytes
+                  < min(r.estimate.device_bytes for r in rows[:position]))
+    result = plan(config, budget, device="cpu", devices=2)
     first_fsdp = next(row for row in result.strategies if row.fits)
     assert result.recommended == first_fsdp.name and first_fsdp.distributed == "fsdp"
+    assert not next(row for row in result.strategies
+                    if row.name == "ddp:" + first_fsdp.name.partition(":")[2]).fits
     method = first_fsdp.name.partition(":")[2]
     assert result.reason.startswith(f"FSDP2 (fsdp): {method} does not fit one device under "
                                     f"data parallel (ddp:{method} needs ")
