@@ -326,6 +326,20 @@ class GaLore(StatePreservingOptimizer):
             return moments + 3 * 4 * small * rank
         return moments + 4 * small * rank
 
+    @staticmethod
+    def row_shard_state_bytes(shape: tuple[int, ...], group: dict[str, Any], rows: int) -> int:
+        """Bytes of the state one process keeps for ``rows`` rows of a row-sharded (FSDP2)
+        parameter of whole ``shape``, divided as state_placement says: an unprojected
+        param's moments have its rows' shape; a projected one keeps P (s x r) whole, and its
+        moments on R whole (r x l) when it is wide, r x rows when it is tall (its rows are
+        columns of R). Shards step only projectors that keep P (svd, randomized_svd)."""
+        sides = GaLore.projection(shape, group)
+        if sides is None:
+            return inner_state_bytes((rows, *shape[1:]), group["inner"])
+        small, rank, large = sides
+        moments = inner_state_bytes((rank, rows if is_tall(shape) else large), group["inner"])
+        return moments + 4 * small * rank
+
     def _rank(self, param: torch.Tensor, group: dict[str, Any]) -> int | None:
         """Effective rank if `param` (the whole tensor, for a row shard) is projected in
         `group`, else None."""

@@ -13,7 +13,8 @@ The training step has three candidate peaks, and the estimate is the largest:
    added (``peak_without_grads`` of the trace + all grads + the largest grad);
 3. ``optimizer.step()``: weights + grads + state + the step's scratch.
 Layer-wise updates (optimizer.layerwise) replace 1-3 by: the trace without grads + the one
-grad being consumed + one parameter's step scratch + accumulation buffers.
+grad being consumed + one parameter's step scratch + accumulation buffers (under fsdp: in
+backward, beside the gradients still whole; and the forward peak, with no grad).
 
 As ``distributed.nproc`` processes (``--devices N`` when planning), bytes are per device,
 as per_device.py says for each ``distributed.strategy``: ddp keeps one process's weights
@@ -102,8 +103,12 @@ def estimate(config: Config, device: str = "cuda",
     offload = config.memory.optimizer_offload and device != "cpu"
     state = 0 if offload else per_device.state_bytes(params, config, optimizer.state_bytes)
     with_grads, without = trace.peak, trace.peak_without_grads
+    before_backward = in_backward = without  # one device: the same upper bound
     if devices > 1:
-        with_grads, without = per_device.fsdp_in_backward(trace, devices, sizing.units)
+        with_grads, before_backward, in_backward = per_device.fsdp_in_backward(
+            trace, devices, sizing.units)
+        without = max(before_backward, in_backward,
+                      key=lambda split: sum(split.values()) - split["grads"])
     buckets = per_device.ddp_bucket_bytes(params, config)
     accumulating = config.train.gradient_accumulation_steps > 1
     # Every grad alive (DDP's are its buckets), plus the one being added to them.
@@ -111,10 +116,16 @@ def estimate(config: Config, device: str = "cuda",
                          "activations": without["activations"],
                          "temporaries": without["temporaries"] + largest}
     if config.optimizer.layerwise:
+        # The grad its hook consumes; under FSDP2 the largest (a root weight's, reduced
+        # last) stays whole, and so do the running block's.
+        consumed = largest + (sizing.units.block_trainable if devices > 1 else 0)
         candidates = [
-            {"grads": largest + per_device.in_flight_reduction_bytes(params, config),
-             "activations": without["activations"],
-             "temporaries": without["temporaries"] + optimizer.per_param_scratch_bytes
+            {"grads": consumed + per_device.in_flight_reduction_bytes(params, config),
+             "activations": in_backward["activations"],
+             "temporaries": in_backward["temporaries"] + optimizer.per_param_scratch_bytes
+             + optimizer.accumulation_buffer_bytes},
+            {"grads": 0, "activations": before_backward["activations"],
+             "temporaries": before_backward["temporaries"]
              + optimizer.accumulation_buffer_bytes}]
     else:
         first_micro_batch = {"grads": with_grads["grads"],
@@ -174,8 +185,8 @@ def _units(model: nn.Module) -> per_device.Units:
     in_blocks = {id(p) for block in blocks for p in block.parameters()}
     block, block_trainable = max((sizes(list(b.parameters())) for b in blocks),
                                  default=(0, 0))
-    root, _ = sizes([p for p in model.parameters() if id(p) not in in_blocks])
-    return per_device.Units(block, block_trainable, root)
+    root, root_trainable = sizes([p for p in model.parameters() if id(p) not in in_blocks])
+    return per_device.Units(block, block_trainable, root, root_trainable)
 
 
 def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> _Sizing:

@@ -17,9 +17,10 @@ ddp   every rank holds the whole model and the whole optimizer state, as one pro
       the next one is computed, so one more full-size gradient is alive than in one process.
 fsdp  weights, gradients and optimizer state divided by the processes (a QLoRA 4-bit base
       replicated); FSDP2's all-gather working set added in forward and backward. An
-      optimizer stepping each process's rows (8-bit AdamW, Adafactor) keeps the state of
-      those rows: costed on each device's rows, the most loaded device counts (an 8-bit
-      shard under 4096 values keeps fp32 moments; its blocks of 256 start at its rows).
+      optimizer stepping each process's rows (8-bit AdamW, Adafactor, GaLore) keeps the
+      state of those rows, costed by its spec on each device's rows, the most loaded
+      device counting (an 8-bit shard under 4096 values keeps fp32 moments; its blocks of
+      256 start at its rows; GaLore keeps P, and a wide weight's moments on R, whole).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ class Units:
     block: int  # the largest repeated block
     block_trainable: int  # ... its trainable part (its unsharded gradients)
     root: int  # everything outside the blocks (embeddings, final norm, head)
+    root_trainable: int  # ... its trainable part
 
 
 def sharded_over(config: Config) -> int:
@@ -64,43 +66,56 @@ def state_bytes(params: list[Param], config: Config, whole_state: int) -> int:
     if devices == 1:
         return whole_state
     spec = spec_for(config)
-    # GaLore's projected weights keep P whole and divide R's moments (or not): their
-    # whole-tensor cost, divided, is within a few percent (tests/distributed/test_ddp_plan).
-    by_rows = [p for p in params if not p.projected] if spec.steps_local_rows else []
-    if not by_rows:
+    if not spec.steps_local_rows:  # torch's optimizers step the DTensor shards
         return -(-whole_state // devices)
-    whole_by_rows = sum(cost.state for cost in spec.costs(by_rows, config))
-    per_rank = []
-    for rank in range(devices):
-        rows = [replace(p, shape=(RowShard.of(p.shape, rank, devices).rows, *p.shape[1:]))
-                for p in by_rows]
-        per_rank.append(sum(cost.state for cost in spec.costs(rows, config)))
-    return -(-(whole_state - whole_by_rows) // devices) + max(per_rank)
+
+    def of_rows(param: Param, rows: int) -> int:
+        if spec.row_shard_state is not None:
+            return spec.row_shard_state(param, config, rows)
+        local = replace(param, shape=(rows, *param.shape[1:]))
+        return spec.costs([local], config)[0].state
+
+    return max(sum(of_rows(p, RowShard.of(p.shape, rank, devices).rows) for p in params)
+               for rank in range(devices))
 
 
-def fsdp_in_backward(trace: TraceResult, devices: int, units: Units) -> tuple[Split, Split]:
-    """The traced forward/backward peaks on one FSDP2 device, (with the grads, without):
-    grads sharded, plus the all-gather working set.
+def whole_grad_bytes(units: Units) -> int:
+    """Gradients alive unsharded in an FSDP2 backward: the running block's (until its
+    reduce-scatter) and the root's (reduce-scattered last)."""
+    return units.block_trainable + units.root_trainable
+
+
+def fsdp_in_backward(trace: TraceResult, devices: int,
+                     units: Units) -> tuple[Split, Split, Split]:
+    """The traced forward/backward peaks on one FSDP2 device, with the grads sharded, plus
+    the all-gather working set: (with the grads, without them before backward, without
+    them in backward).
 
     The root unit's weights stay gathered from forward to the end of backward (FSDP2
-    does not reshard the root after forward); a block runs while the next is prefetched;
-    in backward the reduce-scatter's flat copy of a block's gradients is alive too (the
-    gradients themselves are the trace's). Without the grads it is the larger of the
-    start of backward (the forward peak) and the backward moment with the most bytes
-    besides grads (the activations of the blocks not yet reached): a model whose
-    forward peak is its logits peaks there once FSDP2 has divided the grads."""
+    does not reshard the root after forward); a block runs while the next is prefetched.
+    A gradient stays whole until its unit's reduce-scatter: the running block's, and the
+    root's (the head's comes first in backward, the root reduces last); the reduce-scatter
+    copies its unit's gradients into one flat input, alive with them. So the moment with
+    the grads is the larger of a block's reduce-scatter (root, two blocks, the block's
+    flat copy) and the root's at the end (root and its flat copy), the whole gradients
+    counted whole. Without the grads: the start of backward (the forward peak), and the
+    backward moment with the most bytes besides grads (the activations of the blocks not
+    yet reached), where a model whose forward peak is its logits peaks once FSDP2 has
+    divided the grads, and where a layer-wise hook's grads are alive."""
     forward = units.root + 2 * units.block
-    backward = forward + units.block_trainable
-    in_backward = trace.peak["grads"] > 0  # or the forward peak, grads still to come
-    with_grads = {**trace.peak, "grads": -(-trace.peak["grads"] // devices),
+    backward = max(forward + units.block_trainable, units.root + units.root_trainable)
+    whole = whole_grad_bytes(units)
+    grads = trace.peak["grads"]
+    in_backward = grads > 0  # or the forward peak, grads still to come
+    sharded = min(grads, -(-grads // devices) + whole - whole // devices)
+    with_grads = {**trace.peak, "grads": sharded,
                   "temporaries": trace.peak["temporaries"] + (backward if in_backward
                                                               else forward)}
     start = {**trace.peak_without_grads,
              "temporaries": trace.peak_without_grads["temporaries"] + forward}
     middle = {**trace.backward_without_grads, "grads": 0,
               "temporaries": trace.backward_without_grads["temporaries"] + backward}
-    without = max(start, middle, key=lambda split: sum(split.values()) - split["grads"])
-    return with_grads, without
+    return with_grads, start, middle
 
 
 def ddp_bucket_bytes(params: list[Param], config: Config) -> int:

@@ -83,6 +83,18 @@ def _check_steps(rank: int, projector: str) -> None:
             sharded.step()
             _assert_matches(oracle, whole, sharded, local, shards,
                             f"{projector}, {subspace_change}, step {step}")
+        _assert_state_bytes_as_planned(sharded, whole, local, shards)
+
+
+def _assert_state_bytes_as_planned(sharded: GaLore, whole: list[torch.Tensor],
+                                   local: list[torch.Tensor], shards: list[RowShard]) -> None:
+    """The planner's row_shard_state_bytes is the bytes this process's state holds."""
+    for param, rows, shard in zip(whole, local, shards, strict=True):
+        held = sum(value.numel() * value.element_size()
+                   for value in sharded.state[rows].values() if isinstance(value, torch.Tensor))
+        planned = GaLore.row_shard_state_bytes(tuple(param.shape), sharded.locate(rows)[0],
+                                               shard.rows)
+        assert planned == held, (tuple(param.shape), shard.rows)
 
 
 def _check_layerwise(rank: int, projector: str) -> None:

@@ -82,6 +82,11 @@ def _cost(param: Param, config: Config) -> ParamCost:
     return ParamCost(state, widened + max(refresh, update), buffer)
 
 
+def _row_shard_state(param: Param, config: Config, rows: int) -> int:
+    return GaLore.row_shard_state_bytes(param.shape, group_settings(config, param.projected),
+                                        rows)
+
+
 def _targets(model: nn.Module, config: Config) -> set[int]:
     return galore_targets(model, config.optimizer.galore.modules)
 
@@ -113,5 +118,5 @@ def _cheaper(config: Config) -> dict | None:
 
 SPEC = OptimizerSpec(
     name="galore", factory=_factory, costs=per_param(_cost), targets=_targets,
-    rounds_stochastically=True, steps_local_rows=True, fsdp_refusal=_fsdp_refusal,
-    cheaper=_cheaper)
+    rounds_stochastically=True, steps_local_rows=True, row_shard_state=_row_shard_state,
+    fsdp_refusal=_fsdp_refusal, cheaper=_cheaper)

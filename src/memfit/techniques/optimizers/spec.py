@@ -89,6 +89,9 @@ class OptimizerSpec:
     # kernels take plain tensors, and an optimizer that reads whole tensors sums its
     # partial results over the processes (``set_row_shards``).
     steps_local_rows: bool = False
+    # With steps_local_rows: the state one process keeps for its rows (an int) of a
+    # parameter; None: the state of a parameter shaped like those rows (``costs``).
+    row_shard_state: Callable[[Param, Config, int], int] | None = None
     # Why distributed.strategy=fsdp cannot train it with these settings, naming the key to
     # change (None: it can).
     fsdp_refusal: Callable[[Config], str | None] = trains_under_fsdp
