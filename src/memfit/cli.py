@@ -36,6 +36,7 @@ def _split_arguments(arguments: list[str]) -> tuple[str | None, list[str]]:
 
 def _resolve_train_config(args: argparse.Namespace):
     from memfit.config import load_config
+    from memfit.config.code_trust import refuse_untrusted_code
     from memfit.config.load import read_yaml
 
     config_path, overrides = _split_arguments(args.arguments)
@@ -45,7 +46,9 @@ def _resolve_train_config(args: argparse.Namespace):
             raise MemfitError(f"--resume {args.resume}: no config.yaml there (not a run folder)")
         if config_path:
             raise MemfitError("--resume takes its config from the run folder; give only overrides")
-        return load_config(saved, overrides)
+        config = load_config(saved, overrides)
+        refuse_untrusted_code(config, f"--resume {args.resume}: its config.yaml", args.trust_code)
+        return config
     if config_path is None:
         # No config file: the built-in demo is the base, overrides apply on top of it.
         from memfit.demo.defaults import demo_config_path
@@ -78,7 +81,7 @@ def _command_train(args: argparse.Namespace) -> int:
 def _worker_arguments(args: argparse.Namespace) -> list[str]:
     """The ``memfit`` arguments each launched worker runs with (the same command)."""
     return ["train", *args.arguments, *(["--resume", args.resume] if args.resume else []),
-            *(["--debug"] if args.debug else [])]
+            *(["--trust-code"] if args.trust_code else []), *(["--debug"] if args.debug else [])]
 
 
 def _print_summary(summary: dict, run_dir: Path) -> None:
@@ -117,7 +120,7 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
 def _command_merge(args: argparse.Namespace) -> int:
     from memfit.merge import merge_run
 
-    out = merge_run(args.run_dir, args.out, force=args.force)
+    out = merge_run(args.run_dir, args.out, force=args.force, trust_code=args.trust_code)
     print(f"merged model  {out}/")
     return 0
 
@@ -174,6 +177,15 @@ def _add_debug(command: argparse.ArgumentParser) -> None:
                          help="show tracebacks for errors")
 
 
+def _add_trust_code(command: argparse.ArgumentParser, what: str) -> None:
+    from memfit.config.code_trust import TRUST_FLAG
+
+    command.add_argument(TRUST_FLAG, action="store_true",
+                         help=f"with {what}: import the model.factory, model.loss or class-path "
+                              "optimizer.name the run folder's config.yaml names (code from a "
+                              "run folder never runs without it)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from memfit.config.reference import help_text
 
@@ -195,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--nproc", type=int, metavar="N",
                        help="start N processes on this machine with torch.distributed.run "
                             "(sets distributed.nproc; needs distributed.strategy=ddp or fsdp)")
+    _add_trust_code(train, "--resume")
     _add_debug(train)
     train.set_defaults(handler=_command_train)
 
@@ -207,6 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     merge.add_argument("--force", action="store_true",
                        help="replace the contents of a non-empty --out folder (the new model is "
                             "written beside it first, then swapped in)")
+    _add_trust_code(merge, "merge")
     _add_debug(merge)
     merge.set_defaults(handler=_command_merge)
 

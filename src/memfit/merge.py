@@ -32,6 +32,7 @@ from memfit._utils.folders import creation_problem
 from memfit.checkpoint import newest_intact_checkpoint
 from memfit.checkpoint.export import load_trained_buffers, save_model
 from memfit.config import Config, from_mapping
+from memfit.config.code_trust import refuse_untrusted_code
 from memfit.config.load import read_yaml
 from memfit.config.schema import AdapterKind, Precision
 from memfit.distributed.checkpoint import is_sharded_checkpoint, load_trainable
@@ -42,14 +43,17 @@ from memfit.techniques.registry import frozen_storage_dtype
 from memfit.training.build import load_base, seed_everything
 
 
-def merged_model(run_dir: Path) -> tuple[nn.Module, object | None, bool]:
-    """(merged model, tokenizer or None, is_transformers) for the run in ``run_dir``."""
+def merged_model(run_dir: Path, trust_code: bool = False
+                 ) -> tuple[nn.Module, object | None, bool]:
+    """(merged model, tokenizer or None, is_transformers) for the run in ``run_dir``;
+    ``trust_code``: import the code its config names (``--trust-code``)."""
     from peft import PeftModel
 
     config_path, adapter_dir = run_dir / "config.yaml", run_dir / "adapter"
     if not config_path.is_file():
         raise ConfigError(f"memfit merge {run_dir}: no config.yaml there (not a run folder)")
     config = from_mapping(read_yaml(config_path))
+    refuse_untrusted_code(config, f"memfit merge {run_dir}: its config.yaml", trust_code)
     checkpoint = newest_intact_checkpoint(run_dir)
     if (config.adapter.kind is AdapterKind.NONE and checkpoint is not None
             and is_sharded_checkpoint(checkpoint)):
@@ -120,13 +124,14 @@ def _check_out(run_dir: Path, out: Path, force: bool) -> None:
         raise ConfigError(f"memfit merge --out {out} cannot be created: {problem}")
 
 
-def merge_run(run_dir: str | Path, out: str | Path, force: bool = False) -> Path:
+def merge_run(run_dir: str | Path, out: str | Path, force: bool = False,
+              trust_code: bool = False) -> Path:
     """Write the merged model of ``run_dir`` to ``out``: a new or empty folder, or with
     ``force`` a folder whose contents are replaced — only once the new model is complete
     (written beside it, then swapped in)."""
     run_dir, out = Path(run_dir), Path(out)
     _check_out(run_dir, out, force)
-    model, tokenizer, is_transformers = merged_model(run_dir)
+    model, tokenizer, is_transformers = merged_model(run_dir, trust_code)
     with staged_folder(out) as folder:
         save_model(folder, model, tokenizer, save_pretrained=is_transformers)
     return out
