@@ -72,7 +72,7 @@ def test_sigterm_to_one_rank_saves_that_step_on_every_rank_then_resumes(tmp_path
         f"resume with: memfit train --resume {run}"}
     assert (run / "checkpoints" / "step-3").is_dir()
 
-    resumed = memfit("train", "--resume", str(run), cwd=tmp_path, timeout=240)
+    resumed = memfit("train", "--trust-code", "--resume", str(run), cwd=tmp_path, timeout=240)
     assert resumed.returncode == 0, resumed.stderr
     assert sorted(losses_by_step(read_metrics(run))) == [1, 2, 3, 4, 5, 6]
     assert (run / "summary.json").is_file()

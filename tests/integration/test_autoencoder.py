@@ -77,7 +77,7 @@ def test_lora_adapts_a_pretrained_autoencoder_to_a_new_contrast(tmp_path):
     assert evals[-1]["eval_psnr"] > evals[0]["eval_psnr"] + 1.0  # dB, on held-out images
 
     # `memfit merge` of a plain module: a state dict for the user's own class, strict.
-    assert main(["merge", str(run_dir), "--out", str(tmp_path / "merged")]) == 0
+    assert main(["merge", "--trust-code", str(run_dir), "--out", str(tmp_path / "merged")]) == 0
     namespace: dict = {"__file__": str(tmp_path / "ae_model.py")}
     exec(compile(FACTORY, "ae_model.py", "exec"), namespace)  # the user's own module
     model = namespace["architecture"]()

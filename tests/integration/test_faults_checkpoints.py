@@ -80,7 +80,7 @@ def test_a_planted_metadata_pickle_never_runs_on_resume(reference: Path, tmp_pat
     run_dir, marker = _copy(reference, tmp_path), tmp_path / "ran"
     step_6 = run_dir / "checkpoints" / "step-6"
     (step_6 / ".metadata").write_bytes(pickle.dumps(Plant(marker)))
-    result = run_in_process("train", "--resume", str(run_dir), cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run_dir), cwd=tmp_path)
     assert not marker.exists()
     assert result.returncode == 0, result.stderr
     assert (f"memfit: warning: {step_6} is damaged (.metadata: not listed in manifest.json); "
@@ -96,7 +96,7 @@ def test_damaged_newest_checkpoint_falls_back_and_matches_uninterrupted(
         reference: Path, tmp_path: Path, name: str, damage, reason: str):
     run_dir = _copy(reference, tmp_path)
     damage(run_dir / "checkpoints" / "step-6" / name)
-    result = run_in_process("train", "--resume", str(run_dir), cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run_dir), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     warnings = [line for line in result.stderr.splitlines() if "is damaged" in line]
     assert len(warnings) == 1 and f"step-6 is damaged ({name}: " in warnings[0]
@@ -111,7 +111,7 @@ def test_no_intact_checkpoint_is_one_line_and_touches_nothing(reference: Path,
     _truncate(run_dir / "checkpoints" / "step-3" / "optimizer.pt")
     _flip_a_byte(run_dir / "checkpoints" / "step-6" / "trainable.safetensors")
     before = tree_digest(run_dir)
-    result = run_in_process("train", "--resume", str(run_dir), cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run_dir), cwd=tmp_path)
     assert_one_line_error(result, 2, "no intact checkpoint under", "step-6: trainable",
                           "step-3: optimizer.pt")
     assert tree_digest(run_dir) == before
@@ -124,7 +124,7 @@ def test_a_killed_saves_staging_folder_is_removed_on_resume(reference: Path, tmp
     # What a save killed mid-way leaves: the folder staged_folder had not yet renamed.
     shutil.copytree(checkpoints / "step-3", checkpoints / ".step-6.q1w2e3r4")
     (checkpoints / ".step-6.q1w2e3r4" / "optimizer.pt").unlink()
-    result = run_in_process("train", "--resume", str(run_dir), cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run_dir), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert sorted(path.name for path in checkpoints.iterdir()) == [
         "index.json", "step-3", "step-6"]
@@ -137,7 +137,7 @@ def test_pruning_leaves_a_folder_the_user_put_in_checkpoints(reference: Path,
     users = run_dir / "checkpoints" / "step-1"
     users.mkdir()
     (users / "notes.txt").write_text("my own")
-    result = run_in_process("train", "--resume", str(run_dir), "train.max_steps=12",
+    result = run_in_process("train", "--trust-code", "--resume", str(run_dir), "train.max_steps=12",
                             "train.keep_checkpoints=1", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert sorted(path.name for path in (run_dir / "checkpoints").iterdir()) == [
@@ -156,7 +156,7 @@ def test_batchnorm_statistics_survive_a_resume(tmp_path: Path):
     shutil.copytree(uninterrupted, reference)
 
     shutil.rmtree(uninterrupted / "checkpoints" / "step-6")
-    result = run_in_process("train", "--resume", str(uninterrupted), cwd=root)
+    result = run_in_process("train", "--trust-code", "--resume", str(uninterrupted), cwd=root)
     assert result.returncode == 0, result.stderr
     _assert_same_run(uninterrupted, reference)
     assert "net.1.running_mean" in load_file(uninterrupted / "model" / "model.safetensors")

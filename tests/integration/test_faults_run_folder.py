@@ -70,7 +70,7 @@ def test_merge_refuses_a_folder_with_content(tmp_path: Path, adapter_run: Path):
     out.mkdir()
     (out / "thesis.txt").write_text("years of work")
     before = tree_digest(tmp_path)
-    result = run_in_process("merge", str(adapter_run), "--out", str(out), cwd=tmp_path)
+    result = run_in_process("merge", "--trust-code", str(adapter_run), "--out", str(out), cwd=tmp_path)
     assert_one_line_error(result, 2, str(out), "not empty", "--force")
     assert tree_digest(tmp_path) == before
 
@@ -83,7 +83,7 @@ def test_merge_refuses_the_run_or_the_current_directory(tmp_path: Path, adapter_
     out = {"run": adapter_run, "inside-run": adapter_run / "merged",
            "run-parent": adapter_run.parent, "cwd": work, "cwd-parent": tmp_path}[where]
     before_run, before_work = tree_digest(adapter_run.parent), tree_digest(tmp_path)
-    result = run_in_process("merge", str(adapter_run), "--out", str(out), "--force", cwd=work)
+    result = run_in_process("merge", "--trust-code", str(adapter_run), "--out", str(out), "--force", cwd=work)
     assert_one_line_error(result, 2, "--out")
     assert tree_digest(adapter_run.parent) == before_run
     assert tree_digest(tmp_path) == before_work
@@ -94,7 +94,7 @@ def test_merge_force_replaces_only_once_the_new_model_is_complete(tmp_path: Path
     out = tmp_path / "merged"
     out.mkdir()
     (out / "old.txt").write_text("old")
-    result = run_in_process("merge", str(adapter_run), "--out", str(out), "--force",
+    result = run_in_process("merge", "--trust-code", str(adapter_run), "--out", str(out), "--force",
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (out / "model.safetensors").is_file() and not (out / "old.txt").exists()
@@ -105,7 +105,7 @@ def test_merge_checks_its_out_folder_before_merging(tmp_path: Path, adapter_run:
     (tmp_path / "notes.txt").write_text("mine")
     before = tree_digest(tmp_path)
     for out in (tmp_path / "notes.txt" / "merged", Path("/proc/memfit-merged")):
-        result = run_in_process("merge", str(adapter_run), "--out", str(out), cwd=tmp_path)
+        result = run_in_process("merge", "--trust-code", str(adapter_run), "--out", str(out), cwd=tmp_path)
         assert_one_line_error(result, 2, f"--out {out} cannot be created")
     assert tree_digest(tmp_path) == before
 
@@ -140,7 +140,7 @@ def test_merge_refuses_a_pickled_adapter(tmp_path: Path, adapter_run: Path):
     run = tmp_path / "run"
     shutil.copytree(adapter_run, run)
     (run / "adapter" / "adapter_model.safetensors").rename(run / "adapter" / "adapter_model.bin")
-    result = run_in_process("merge", str(run), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    result = run_in_process("merge", "--trust-code", str(run), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert_one_line_error(result, 2, "adapter_model.safetensors")
     assert not (tmp_path / "out").exists()
 
@@ -214,7 +214,7 @@ def test_a_live_run_cannot_be_shared(tmp_path: Path, how: str):
     live = RunFolder(run)  # what a training process holds for its whole lifetime
     try:
         before = tree_digest(run)
-        arguments = (["--resume", str(run)] if how == "resume"
+        arguments = (["--trust-code", "--resume", str(run)] if how == "resume"
                      else [str(tmp_path / "run.yaml")])
         result = run_in_process("train", *arguments, cwd=tmp_path)
         assert_one_line_error(result, 2, str(run), "in use by a running memfit")
@@ -255,7 +255,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path: Path, h
     kill_when(process, lambda: logged_steps(run) >= 2)
     assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
 
-    arguments = ["--resume", str(run)] if how == "resume" else [str(tmp_path / "run.yaml")]
+    arguments = ["--trust-code", "--resume", str(run)] if how == "resume" else [str(tmp_path / "run.yaml")]
     result = run_in_process("train", *arguments, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     steps = [r["step"] for r in read_metrics(run) if "loss" in r]
@@ -271,7 +271,7 @@ def test_resume_refuses_changes_to_what_is_trained(tmp_path: Path, override: str
     run = tmp_path / "run"
     train_regression(tmp_path, run)
     before = tree_digest(run)
-    result = run_in_process("train", "--resume", str(run), override, cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run), override, cwd=tmp_path)
     line = assert_one_line_error(result, 2, override.split("=")[0], "train.max_steps")
     assert all(key in line for key in RESUMABLE_KEYS)
     assert tree_digest(run) == before
@@ -285,7 +285,7 @@ def test_resume_refuses_a_hand_edited_config(tmp_path: Path):
     config = run / "config.yaml"
     config.write_text(config.read_text().replace("lr: 0.01", "lr: 1.0"))
     before = tree_digest(run)
-    result = run_in_process("train", "--resume", str(run), "train.max_steps=4", cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run), "train.max_steps=4", cwd=tmp_path)
     assert_one_line_error(result, 2, "cannot change optimizer.lr (0.01 -> 1.0)", "config.yaml")
     assert tree_digest(run) == before
 
@@ -300,7 +300,7 @@ def test_resume_refuses_data_that_changed(tmp_path: Path, change: str):
     else:
         write_regression_data(data, seed=1)
     before = tree_digest(run)
-    result = run_in_process("train", "--resume", str(run), "train.max_steps=4", cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run), "train.max_steps=4", cwd=tmp_path)
     assert_one_line_error(result, 2, "the data changed since the run started",
                           f"regression.npz ({change})")
     assert tree_digest(run) == before
@@ -311,7 +311,7 @@ def test_resume_may_split_the_same_effective_batch_differently(tmp_path: Path):
     train_regression(tmp_path, run, max_steps=2, lr_schedule="constant")
     reference = tmp_path / "reference"
     train_regression(tmp_path, reference, max_steps=4, lr_schedule="constant")
-    result = run_in_process("train", "--resume", str(run), "train.max_steps=4",
+    result = run_in_process("train", "--trust-code", "--resume", str(run), "train.max_steps=4",
                             "train.micro_batch_size=2", "train.gradient_accumulation_steps=2",
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -327,7 +327,7 @@ def test_a_run_given_relative_paths_resumes_from_another_folder(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = run_in_process("train", "--resume", str(run), "train.max_steps=3", cwd=elsewhere)
+    result = run_in_process("train", "--trust-code", "--resume", str(run), "train.max_steps=3", cwd=elsewhere)
     assert result.returncode == 0, result.stderr
     assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2, 3]
 
@@ -338,7 +338,7 @@ def test_resume_applies_accepted_overrides(tmp_path: Path):
     reference = tmp_path / "reference"
     train_regression(tmp_path, reference, max_steps=7)
 
-    result = run_in_process("train", "--resume", str(run), "train.max_steps=7", cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run), "train.max_steps=7", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "max_steps: 7" in (run / "config.yaml").read_text()
     resumed = {r["step"]: r for r in read_metrics(run) if "loss" in r}
@@ -357,7 +357,7 @@ def test_resume_removes_what_a_killed_export_left_and_exports_again(tmp_path: Pa
     (run / "model").rename(run / ".model.k1ll3d_x")
     (run / ".summary.json.abcd1234.tmp").write_text("{")
     (run / ".my-notes").write_text("mine")  # a dot-file of the user's stays
-    result = run_in_process("train", "--resume", str(run), cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert (run / "model" / "model.safetensors").is_file() and (run / "summary.json").is_file()
     assert sorted(p.name for p in run.iterdir() if p.name.startswith(".")) == [
@@ -368,7 +368,7 @@ def test_resuming_a_finished_run_changes_nothing(tmp_path: Path):
     run = tmp_path / "run"
     train_regression(tmp_path, run)
     before = tree_digest(run)
-    result = run_in_process("train", "--resume", str(run), cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "already finished at step 4" in result.stderr
     assert tree_digest(run) == before
@@ -385,7 +385,7 @@ def test_the_record_of_a_resumed_run_is_the_whole_run(tmp_path: Path):
     run = tmp_path / "run"
     process = start_slow_run(tmp_path, run, max_steps=20, save_every=4)
     kill_when(process, lambda: logged_steps(run) >= 5)
-    result = run_in_process("train", "--resume", str(run), cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
 
     steps = [r["step"] for r in read_metrics(run) if "loss" in r]
@@ -435,7 +435,7 @@ def test_resume_given_a_checkpoint_folder_points_to_its_run(tmp_path: Path):
     run = tmp_path / "run"
     train_regression(tmp_path, run, max_steps=2)
     before = tree_digest(run)
-    result = run_in_process("train", "--resume", str(run / "checkpoints" / "step-2"),
+    result = run_in_process("train", "--trust-code", "--resume", str(run / "checkpoints" / "step-2"),
                             cwd=tmp_path)
     assert_one_line_error(result, 2, "not a memfit run folder", f"did you mean --resume {run}?")
     assert tree_digest(run) == before

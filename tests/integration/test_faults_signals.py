@@ -81,7 +81,7 @@ def test_a_stop_signal_saves_at_the_step_boundary_and_resumes_exactly(
     assert (run / "checkpoints" / f"step-{step}" / "trainer_state.json").is_file()
     assert not (run / "summary.json").exists()
 
-    resumed = run_in_process("train", "--resume", str(run), cwd=tmp_path)
+    resumed = run_in_process("train", "--trust-code", "--resume", str(run), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert_same_run(run, reference)
 
@@ -108,7 +108,7 @@ def test_a_signal_in_the_first_evaluation_saves_step_0_and_resumes(tmp_path: Pat
         f"resume with: memfit train --resume {run}")
     assert logged_steps(run) == [] and escaped_sigterms == []
 
-    resumed = run_in_process("train", "--resume", str(run), cwd=tmp_path)
+    resumed = run_in_process("train", "--trust-code", "--resume", str(run), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     uninterrupted = run_in_process(  # the marker file is there now: no signal this time
         "train", str(config_file(tmp_path, "uninterrupted", "signals_in_first_eval")),

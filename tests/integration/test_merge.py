@@ -39,7 +39,7 @@ def test_qlora_run_merges_into_a_plain_hugging_face_folder(tmp_path: Path, instr
         "adapter.kind=qlora", "adapter.rank=4", "adapter.targets=[attention, mlp]",
         "memory.gradient_checkpointing=true", "memory.chunked_loss=true",
         "memory.loss_chunk_tokens=16", "log.tensorboard=false", "data.eval_fraction=0"))
-    result = run_cli("merge", str(run_dir), "--out", str(tmp_path / "merged"), cwd=tmp_path)
+    result = run_cli("merge", "--trust-code", str(run_dir), "--out", str(tmp_path / "merged"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"merged model  {tmp_path / 'merged'}/" in result.stdout
 
@@ -60,7 +60,7 @@ def test_plain_module_merge_loads_strictly_into_the_factory_module(tmp_path: Pat
         "data.format=tensors", "train.max_steps=4", "optimizer.lr=5e-2", "adapter.kind=lora",
         "adapter.rank=2", "adapter.targets=[all-linear]", f"train.output_dir={tmp_path / 'run'}",
         "log.tensorboard=false", "log.progress=false"])
-    out = merge_run(run_dir, tmp_path / "merged")
+    out = merge_run(run_dir, tmp_path / "merged", trust_code=True)
     model = regressor().eval()
     model.load_state_dict(load_file(out / "model.safetensors"), strict=True)
     inputs = torch.randn(5, 8)
@@ -73,7 +73,7 @@ def test_merging_a_run_without_adapters_is_a_one_line_error(tmp_path: Path, caps
     from memfit.cli import main
 
     (tmp_path / "run").mkdir()
-    assert main(["merge", str(tmp_path / "run"), "--out", str(tmp_path / "x")]) == 2
+    assert main(["merge", "--trust-code", str(tmp_path / "run"), "--out", str(tmp_path / "x")]) == 2
     assert capsys.readouterr().err == (f"memfit: error: memfit merge {tmp_path / 'run'}: no "
                                        "config.yaml there (not a run folder)\n")
     assert not (tmp_path / "x").exists()
@@ -88,7 +88,7 @@ def test_qlora_run_on_a_hugging_face_folder_merges(tmp_path: Path, instructions:
         instructions, tmp_path / "run", "model.preset=demo-base", "train.max_steps=2",
         "optimizer.lr=1e-2", "adapter.kind=qlora", "adapter.rank=4", "log.tensorboard=false",
         "data.eval_fraction=0"))
-    result = run_cli("merge", str(run_dir), "--out", str(tmp_path / "merged"), cwd=tmp_path)
+    result = run_cli("merge", "--trust-code", str(run_dir), "--out", str(tmp_path / "merged"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
     input_ids = torch.randint(3, 250, (2, 24))

@@ -58,7 +58,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_merged_lora_run_evaluates_to_the_final_eval_loss(tmp_path: Path, lora_run: Path):
-    result = run_in_process("merge", str(lora_run), "--out", str(tmp_path / "merged"),
+    result = run_in_process("merge", "--trust-code", str(lora_run), "--out", str(tmp_path / "merged"),
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert eval_loss_of(tmp_path / "merged/model.safetensors", lora_run) == pytest.approx(
@@ -69,7 +69,7 @@ def test_buffers_of_another_model_are_refused_in_one_line(tmp_path: Path, lora_r
     run_dir = Path(shutil.copytree(lora_run, tmp_path / "run"))
     save_file({"features.9.running_mean": torch.zeros(8)},
               run_dir / "adapter" / BUFFERS_FILE)
-    result = run_in_process("merge", str(run_dir), "--out", str(tmp_path / "merged"),
+    result = run_in_process("merge", "--trust-code", str(run_dir), "--out", str(tmp_path / "merged"),
                             cwd=tmp_path)
     assert_one_line_error(result, 2, f"{BUFFERS_FILE} holds 'features.9.running_mean'",
                           "no such buffer")
@@ -80,7 +80,7 @@ def test_an_adapter_without_its_buffers_merges_with_a_warning(tmp_path: Path, lo
     run_dir = Path(shutil.copytree(lora_run, tmp_path / "run"))
     (run_dir / "adapter" / BUFFERS_FILE).unlink()
     with pytest.warns(UserWarning, match="keeps its buffers .* as built"):
-        merge_run(run_dir, tmp_path / "merged")
+        merge_run(run_dir, tmp_path / "merged", trust_code=True)
     assert (tmp_path / "merged/model.safetensors").is_file()
 
 

@@ -58,7 +58,7 @@ def test_a_class_path_optimizer_trains_resumes_and_the_plan_counts_its_state(
     (run_dir / "metrics.jsonl").write_text("")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = run_in_process("train", "--resume", str(run_dir), cwd=elsewhere)
+    result = run_in_process("train", "--trust-code", "--resume", str(run_dir), cwd=elsewhere)
     assert result.returncode == 0, result.stderr
     resumed = losses_by_step(read_metrics(run_dir))
     assert resumed == pytest.approx({s: uninterrupted[s] for s in (3, 4)}, rel=1e-6)

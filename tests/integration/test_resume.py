@@ -47,7 +47,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path):
     process.wait()
     assert not (killed / "summary.json").exists(), "the kill landed after the run finished"
 
-    resumed = run_cli("train", "--resume", str(killed), cwd=tmp_path)
+    resumed = run_cli("train", "--trust-code", "--resume", str(killed), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     expected = losses_by_step(read_metrics(reference))
     assert losses_by_step(read_metrics(killed)) == pytest.approx(expected, rel=1e-6)
@@ -71,7 +71,7 @@ def test_lora_resume_from_an_earlier_checkpoint_matches(tmp_path: Path, instruct
 
     shutil.rmtree(run_dir / "checkpoints" / "step-6")
     (run_dir / "metrics.jsonl").write_text("")
-    result = run_cli("train", "--resume", str(run_dir), cwd=tmp_path)
+    result = run_cli("train", "--trust-code", "--resume", str(run_dir), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     resumed = losses_by_step(read_metrics(run_dir))
     assert sorted(resumed) == [4, 5, 6]

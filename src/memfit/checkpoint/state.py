@@ -49,7 +49,8 @@ from memfit.distributed.fsdp import is_sharded
 
 CONFIG_FILE = "config.yaml"
 DATA_FILE = "data.json"  # the data files' sizes and SHA-256 (memfit.data.fingerprint)
-RUN_RECORDS = (CONFIG_FILE, DATA_FILE)
+BASE_FILE = "base.json"  # the base model's files' sizes and SHA-256 (models.fingerprint)
+RUN_RECORDS = (CONFIG_FILE, DATA_FILE, BASE_FILE)
 
 
 @dataclass

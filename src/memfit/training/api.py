@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from memfit import distributed
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError
+from memfit._utils.hashing import fingerprint_changes
 from memfit._utils.sizes import parse_bytes
 from memfit.checkpoint import (
     TrainerState,
@@ -25,13 +26,14 @@ from memfit.checkpoint import (
 )
 from memfit.checkpoint.export import export_trained
 from memfit.checkpoint.folders import checkpoint_folders
-from memfit.checkpoint.state import CONFIG_FILE, DATA_FILE
+from memfit.checkpoint.state import BASE_FILE, CONFIG_FILE, DATA_FILE
 from memfit.config import Config, from_mapping, to_yaml
 from memfit.config.load import read_yaml
 from memfit.config.resume import check_resume_changes
 from memfit.config.schema import AdapterKind
-from memfit.data.fingerprint import data_fingerprint, fingerprint_changes
+from memfit.data.fingerprint import data_fingerprint
 from memfit.distributed.checkpoint import gathered_state_dict
+from memfit.models.fingerprint import base_fingerprint
 from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY, make_memory_meter, record_key
 from memfit.monitor.memory_plot import plot_memory
 from memfit.monitor.metrics import MetricsLogger, read_metrics, strict_json
@@ -121,6 +123,8 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
                 write_text(run_dir / CONFIG_FILE, header + to_yaml(run.config))
                 write_text(run_dir / DATA_FILE, json.dumps(data_fingerprint(
                     [config.data.path, config.data.eval_path]), indent=2))
+                write_text(run_dir / BASE_FILE, json.dumps(base_fingerprint(config.model),
+                                                           indent=2))
                 _write_adapter_map(run, run_dir)
         else:
             run_dir = Path(resume)
@@ -157,15 +161,61 @@ def _check_resume_config(config: Config, run_dir: Path) -> None:
                           f"there){hint}")
     newest = checkpoint_folders(run_dir)[-1:]
     recorded = newest[0] if newest and (newest[0] / CONFIG_FILE).is_file() else run_dir
-    check_resume_changes(from_mapping(read_yaml(recorded / CONFIG_FILE)), config, str(run_dir))
-    if (recorded / DATA_FILE).is_file():
-        changes = fingerprint_changes(json.loads((recorded / DATA_FILE).read_text()),
-                                      data_fingerprint([config.data.path, config.data.eval_path]))
+    saved = from_mapping(read_yaml(recorded / CONFIG_FILE))
+    base = _recorded(recorded, BASE_FILE)
+    if base is not None:
+        _check_same_base(base, saved, config, run_dir)
+        if config.model.path != saved.model.path:  # an unchanged copy, named explicitly
+            saved = replace(saved, model=replace(saved.model, path=config.model.path))
+    check_resume_changes(saved, config, str(run_dir))
+    data = _recorded(recorded, DATA_FILE)
+    if data is not None:
+        changes = fingerprint_changes(data, data_fingerprint([config.data.path,
+                                                              config.data.eval_path]))
         if changes:
             raise ConfigError(f"--resume {run_dir}: the data changed since the run started: "
-                              f"{', '.join(changes[:3])}{', ...' if len(changes) > 3 else ''}; "
-                              "resuming would train on other examples: restore the data or "
-                              "start a new run")
+                              f"{_listed(changes)}; resuming would train on other examples: "
+                              "restore the data or start a new run")
+
+
+def _recorded(folder: Path, name: str) -> dict[str, Any] | None:
+    """A fingerprint record (data.json, base.json) of ``folder``; None when the run has
+    none (runs from before it was recorded); a damaged one is refused in one line."""
+    path = folder / name
+    if not path.is_file():
+        return None
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        record = None
+    if not (isinstance(record, dict) and all(
+            isinstance(entry, dict) and set(entry) == {"bytes", "sha256"}
+            for entry in record.values())):
+        raise ConfigError(f"--resume: {path} is damaged (not memfit's record of file sizes "
+                          "and SHA-256); the run cannot prove what it was trained on")
+    return record
+
+
+def _check_same_base(recorded: dict[str, Any], saved: Config, config: Config,
+                     run_dir: Path) -> None:
+    """Refuse a resume whose base model files differ from those the run started on. A
+    ``model.path`` override may name another folder only if its files are the same."""
+    path = config.model.path
+    if path and not Path(path).exists():
+        raise ConfigError(f"--resume {run_dir}: the base model model.path={path} no longer "
+                          "exists; name an unchanged copy with model.path=FOLDER")
+    changes = fingerprint_changes(recorded, base_fingerprint(config.model))
+    if changes:
+        moved = (f" (the run started on model.path={saved.model.path})"
+                 if path != saved.model.path else "")
+        raise ConfigError(f"--resume {run_dir}: the base model changed since the run "
+                          f"started: {_listed(changes)}{moved}; resuming would train on "
+                          "other weights: restore the base, name an unchanged copy with "
+                          "model.path=FOLDER, or start a new run")
+
+
+def _listed(changes: list[str]) -> str:
+    return ", ".join(changes[:3]) + (", ..." if len(changes) > 3 else "")
 
 
 def _checkpoint_to_resume(run_dir: Path) -> Path | None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-from memfit.data.fingerprint import data_fingerprint, fingerprint_changes
+from memfit._utils.hashing import fingerprint_changes
+from memfit.data.fingerprint import data_fingerprint
 
 
 def test_files_and_folders_are_listed_with_size_and_hash(tmp_path: Path):
