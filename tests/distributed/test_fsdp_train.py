@@ -81,6 +81,15 @@ def test_resume_on_one_process_from_a_two_process_checkpoint(runs: Path):
     _assert_same_run(resumed, runs / "sharded", [3, 4])
 
 
+def test_resume_without_fsdp_from_a_two_process_checkpoint(runs: Path):
+    """DCP reshards the checkpoint into one unsharded model (distributed.strategy=none)."""
+    resumed = _interrupted_copy(runs, "resumed-plain")
+    result = memfit("train", "--resume", str(resumed), "distributed.strategy=none",
+                    "distributed.nproc=1", "train.micro_batch_size=4", cwd=runs)
+    assert result.returncode == 0, result.stderr
+    _assert_same_run(resumed, runs / "sharded", [3, 4])
+
+
 def test_merge_consolidates_the_newest_sharded_checkpoint(runs: Path):
     result = memfit("merge", str(runs / "sharded"), "--out", str(runs / "merged"), cwd=runs)
     assert result.returncode == 0, result.stderr

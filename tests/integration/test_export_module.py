@@ -95,7 +95,8 @@ def test_adapter_and_merge_load_onto_the_plain_hugging_face_model(tmp_path: Path
         "adapter.trainable_modules=[classifier]"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     run_dir = tmp_path / "run"
-    result = run_in_process("merge", "--trust-code", str(run_dir), "--out", str(tmp_path / "merged"),
+    result = run_in_process("merge", "--trust-code",
+                            str(run_dir), "--out", str(tmp_path / "merged"),
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr
 

@@ -70,7 +70,8 @@ def test_merge_refuses_a_folder_with_content(tmp_path: Path, adapter_run: Path):
     out.mkdir()
     (out / "thesis.txt").write_text("years of work")
     before = tree_digest(tmp_path)
-    result = run_in_process("merge", "--trust-code", str(adapter_run), "--out", str(out), cwd=tmp_path)
+    result = run_in_process("merge", "--trust-code",
+                            str(adapter_run), "--out", str(out), cwd=tmp_path)
     assert_one_line_error(result, 2, str(out), "not empty", "--force")
     assert tree_digest(tmp_path) == before
 
@@ -83,7 +84,8 @@ def test_merge_refuses_the_run_or_the_current_directory(tmp_path: Path, adapter_
     out = {"run": adapter_run, "inside-run": adapter_run / "merged",
            "run-parent": adapter_run.parent, "cwd": work, "cwd-parent": tmp_path}[where]
     before_run, before_work = tree_digest(adapter_run.parent), tree_digest(tmp_path)
-    result = run_in_process("merge", "--trust-code", str(adapter_run), "--out", str(out), "--force", cwd=work)
+    result = run_in_process("merge", "--trust-code",
+                            str(adapter_run), "--out", str(out), "--force", cwd=work)
     assert_one_line_error(result, 2, "--out")
     assert tree_digest(adapter_run.parent) == before_run
     assert tree_digest(tmp_path) == before_work
@@ -105,7 +107,8 @@ def test_merge_checks_its_out_folder_before_merging(tmp_path: Path, adapter_run:
     (tmp_path / "notes.txt").write_text("mine")
     before = tree_digest(tmp_path)
     for out in (tmp_path / "notes.txt" / "merged", Path("/proc/memfit-merged")):
-        result = run_in_process("merge", "--trust-code", str(adapter_run), "--out", str(out), cwd=tmp_path)
+        result = run_in_process("merge", "--trust-code",
+                                str(adapter_run), "--out", str(out), cwd=tmp_path)
         assert_one_line_error(result, 2, f"--out {out} cannot be created")
     assert tree_digest(tmp_path) == before
 
@@ -140,7 +143,8 @@ def test_merge_refuses_a_pickled_adapter(tmp_path: Path, adapter_run: Path):
     run = tmp_path / "run"
     shutil.copytree(adapter_run, run)
     (run / "adapter" / "adapter_model.safetensors").rename(run / "adapter" / "adapter_model.bin")
-    result = run_in_process("merge", "--trust-code", str(run), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    result = run_in_process("merge", "--trust-code",
+                            str(run), "--out", str(tmp_path / "out"), cwd=tmp_path)
     assert_one_line_error(result, 2, "adapter_model.safetensors")
     assert not (tmp_path / "out").exists()
 
@@ -255,7 +259,8 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again(tmp_path: Path, h
     kill_when(process, lambda: logged_steps(run) >= 2)
     assert not (run / "checkpoints").exists() or not any((run / "checkpoints").iterdir())
 
-    arguments = ["--trust-code", "--resume", str(run)] if how == "resume" else [str(tmp_path / "run.yaml")]
+    arguments = ["--trust-code",
+                 "--resume", str(run)] if how == "resume" else [str(tmp_path / "run.yaml")]
     result = run_in_process("train", *arguments, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     steps = [r["step"] for r in read_metrics(run) if "loss" in r]
@@ -285,7 +290,8 @@ def test_resume_refuses_a_hand_edited_config(tmp_path: Path):
     config = run / "config.yaml"
     config.write_text(config.read_text().replace("lr: 0.01", "lr: 1.0"))
     before = tree_digest(run)
-    result = run_in_process("train", "--trust-code", "--resume", str(run), "train.max_steps=4", cwd=tmp_path)
+    result = run_in_process("train", "--trust-code",
+                            "--resume", str(run), "train.max_steps=4", cwd=tmp_path)
     assert_one_line_error(result, 2, "cannot change optimizer.lr (0.01 -> 1.0)", "config.yaml")
     assert tree_digest(run) == before
 
@@ -300,7 +306,8 @@ def test_resume_refuses_data_that_changed(tmp_path: Path, change: str):
     else:
         write_regression_data(data, seed=1)
     before = tree_digest(run)
-    result = run_in_process("train", "--trust-code", "--resume", str(run), "train.max_steps=4", cwd=tmp_path)
+    result = run_in_process("train", "--trust-code",
+                            "--resume", str(run), "train.max_steps=4", cwd=tmp_path)
     assert_one_line_error(result, 2, "the data changed since the run started",
                           f"regression.npz ({change})")
     assert tree_digest(run) == before
@@ -327,7 +334,8 @@ def test_a_run_given_relative_paths_resumes_from_another_folder(tmp_path: Path):
     assert result.returncode == 0, result.stderr
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = run_in_process("train", "--trust-code", "--resume", str(run), "train.max_steps=3", cwd=elsewhere)
+    result = run_in_process("train", "--trust-code",
+                            "--resume", str(run), "train.max_steps=3", cwd=elsewhere)
     assert result.returncode == 0, result.stderr
     assert [r["step"] for r in read_metrics(run) if "loss" in r] == [1, 2, 3]
 
@@ -338,7 +346,8 @@ def test_resume_applies_accepted_overrides(tmp_path: Path):
     reference = tmp_path / "reference"
     train_regression(tmp_path, reference, max_steps=7)
 
-    result = run_in_process("train", "--trust-code", "--resume", str(run), "train.max_steps=7", cwd=tmp_path)
+    result = run_in_process("train", "--trust-code",
+                            "--resume", str(run), "train.max_steps=7", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "max_steps: 7" in (run / "config.yaml").read_text()
     resumed = {r["step"]: r for r in read_metrics(run) if "loss" in r}
@@ -435,7 +444,8 @@ def test_resume_given_a_checkpoint_folder_points_to_its_run(tmp_path: Path):
     run = tmp_path / "run"
     train_regression(tmp_path, run, max_steps=2)
     before = tree_digest(run)
-    result = run_in_process("train", "--trust-code", "--resume", str(run / "checkpoints" / "step-2"),
+    result = run_in_process("train", "--trust-code",
+                            "--resume", str(run / "checkpoints" / "step-2"),
                             cwd=tmp_path)
     assert_one_line_error(result, 2, "not a memfit run folder", f"did you mean --resume {run}?")
     assert tree_digest(run) == before

@@ -58,7 +58,8 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_merged_lora_run_evaluates_to_the_final_eval_loss(tmp_path: Path, lora_run: Path):
-    result = run_in_process("merge", "--trust-code", str(lora_run), "--out", str(tmp_path / "merged"),
+    result = run_in_process("merge", "--trust-code",
+                            str(lora_run), "--out", str(tmp_path / "merged"),
                             cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert eval_loss_of(tmp_path / "merged/model.safetensors", lora_run) == pytest.approx(
@@ -69,7 +70,8 @@ def test_buffers_of_another_model_are_refused_in_one_line(tmp_path: Path, lora_r
     run_dir = Path(shutil.copytree(lora_run, tmp_path / "run"))
     save_file({"features.9.running_mean": torch.zeros(8)},
               run_dir / "adapter" / BUFFERS_FILE)
-    result = run_in_process("merge", "--trust-code", str(run_dir), "--out", str(tmp_path / "merged"),
+    result = run_in_process("merge", "--trust-code",
+                            str(run_dir), "--out", str(tmp_path / "merged"),
                             cwd=tmp_path)
     assert_one_line_error(result, 2, f"{BUFFERS_FILE} holds 'features.9.running_mean'",
                           "no such buffer")

@@ -21,6 +21,7 @@ RESUMABLE_KEYS = (
     "train.on_nonfinite",
     "train.max_consecutive_skips",
     "distributed.nproc",
+    "distributed.strategy",
     "log.*",
 )
 

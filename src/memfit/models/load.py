@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import pickle
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -117,6 +118,10 @@ def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
     except (OSError, ValueError, SafetensorError) as error:
         raise ModelError(f"model.path={folder}: cannot load the model "
                          f"({first_line(error)})") from None
+    except pickle.UnpicklingError:  # transformers loads .bin with weights_only=True
+        raise ModelError(f"model.path={folder}: a .bin weights file holds Python objects "
+                         "besides tensors, which memfit never unpickles (they could run "
+                         "code); use the model's safetensors weights") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder)
     except Exception as error:  # noqa: BLE001 -- tokenizers has its own error types

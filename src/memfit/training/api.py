@@ -129,6 +129,12 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
         else:
             run_dir = Path(resume)
             state, resumed_from = _resume_state(run, checkpoint)
+            if state.step > run.total_steps:
+                key = ("train.max_steps" if run.config.train.max_steps is not None
+                       else "train.epochs")
+                raise ConfigError(f"--resume {resume}: its newest checkpoint is at step "
+                                  f"{state.step}, past the {run.total_steps} steps {key} "
+                                  f"now makes; set {key} to reach at least step {state.step}")
             if state.step >= run.total_steps and (run_dir / "summary.json").is_file():
                 return _already_finished(run_dir, state)
             if main:
