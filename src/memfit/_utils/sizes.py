@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -15,7 +16,7 @@ _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]*)\
 def parse_bytes(text: str | int | float) -> int:
     """``"24GiB"`` -> 25769803776. Raises ValueError naming the accepted units."""
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        return int(text)
+        return _whole(text, text)
     match = _PATTERN.match(str(text))
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
@@ -23,7 +24,14 @@ def parse_bytes(text: str | int | float) -> int:
             f"{text!r} is not a size; write a number with an optional unit "
             "(B, KB, MB, GB, TB, KiB, MiB, GiB, TiB), e.g. 24GiB"
         )
-    return int(float(match.group(1)) * _UNITS[unit])
+    return _whole(float(match.group(1)) * _UNITS[unit], text)
+
+
+def _whole(count: float, text: object) -> int:
+    # "1e400GiB" reads as inf, which int() cannot take (OverflowError, not ValueError).
+    if not math.isfinite(count):
+        raise ValueError(f"{text!r} is not a finite size")
+    return int(count)
 
 
 def format_bytes(count: float) -> str:

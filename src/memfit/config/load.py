@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from memfit._utils.errors import ConfigError
+from memfit.config.limits import MAX_CONFIG_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES
 from memfit.config.schema import Config
 
 # Keys holding filesystem paths: relative values written in a YAML file are resolved
@@ -31,8 +32,14 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {path} is {size:,} bytes, beyond memfit's limit of "
+                          f"{MAX_CONFIG_BYTES:,} for a config file")
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loaded = _load_yaml(path.read_text(encoding="utf-8"))
+    except _Refused as error:
+        raise ConfigError(f"config file {path} is refused: {error}") from None
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -71,17 +78,16 @@ def _resolve(path: str, base: Path) -> str:
 def parse_overrides(pairs: list[str]) -> dict[str, Any]:
     """``["train.max_steps=10", "adapter.kind=lora"]`` -> nested mapping.
 
-    Values are parsed as YAML scalars/lists (``true``, ``1e-4``, ``[q_proj, v_proj]``).
+    Values are parsed as YAML scalars/lists (``true``, ``1e-4``, ``[q_proj, v_proj]``);
+    one that YAML reads as a plain string is taken exactly as written (see
+    ``_override_value``).
     """
     nested: dict[str, Any] = {}
     for pair in pairs:
         key, sep, text = pair.partition("=")
         if not sep or not key:
             raise ConfigError(f"override {pair!r} must look like section.key=value")
-        try:
-            value = yaml.safe_load(text) if text.strip() else None
-        except yaml.YAMLError:
-            value = text
+        value = _override_value(pair, text)
         parts = key.strip().split(".")
         node = nested
         for part in parts[:-1]:
@@ -91,6 +97,102 @@ def parse_overrides(pairs: list[str]) -> dict[str, Any]:
             node = child
         node[parts[-1]] = value
     return nested
+
+
+def _override_value(pair: str, text: str) -> Any:
+    """The value of one override: never a silently shortened or altered one.
+
+    YAML drops what follows `` #`` as a comment and folds line breaks into spaces, so
+    ``data.path=my #1.jsonl`` would read as ``my``. A value YAML reads as one plain string is
+    therefore taken exactly as written after ``=`` (it was a string anyway). A number, a
+    boolean, null, a list or a quoted string is YAML's, unless a comment or a folded line
+    break would change it: that is refused, never guessed.
+    """
+    if not text.strip():
+        return None
+    if len(text) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"override {pair:.60}...: the value is {len(text):,} characters, "
+                          f"beyond memfit's limit of {MAX_CONFIG_BYTES:,}")
+    try:
+        value = _load_yaml(text)
+        tokens = [token for token in yaml.scan(text)
+                  if not isinstance(token, (yaml.StreamStartToken, yaml.StreamEndToken))]
+    except _Refused as error:
+        raise ConfigError(f"override {pair!r:.200} is refused: {error}") from None
+    except yaml.YAMLError:
+        return text  # not YAML at all: a string, as written
+    if (isinstance(value, str) and len(tokens) == 1 and isinstance(tokens[0], yaml.ScalarToken)
+            and tokens[0].plain):
+        return text
+    spans = [(token.start_mark.index, token.end_mark.index) for token in tokens]
+    for index, character in enumerate(text):
+        if character == "#" and not any(start <= index < end for start, end in spans):
+            raise ConfigError(f"override {pair!r:.200}: YAML reads {text[index:]!r:.80} as a "
+                              "comment and would drop it; quote the value (key='...') or remove "
+                              "the comment")
+    for token in tokens:
+        source = text[token.start_mark.index:token.end_mark.index]
+        if isinstance(token, yaml.ScalarToken) and "\n" in source:
+            raise ConfigError(f"override {pair!r:.200}: YAML would fold the line break in "
+                              f"{source!r:.80} into a space; write \\n inside double quotes "
+                              "instead")
+    return value
+
+
+class _Refused(yaml.YAMLError):
+    """A document memfit will not build: too deep, or too large once aliases expand."""
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses, while composing, a document nested deeper than
+    MAX_YAML_DEPTH or holding more than MAX_YAML_NODES values once its aliases are
+    expanded ("billion laughs": nine aliases of nine aliases of ... of a list).
+
+    PyYAML builds an alias as a shared reference, so loading one is cheap; the expansion
+    happens later, in everything that walks the values (conversion, comparison, writing
+    config.yaml), and never ends. Aliases stay allowed (they are handy for sharing a
+    list of targets between keys): each node's expanded size is computed once, from its
+    children's, so the check itself stays linear in the file.
+    """
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._sizes: dict[int, int] = {}  # id(node) -> values in it, aliases expanded
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            anchor = self.peek_event().anchor
+            target = self.anchors.get(anchor)
+            if target is not None and id(target) not in self._sizes:  # still being composed
+                raise _Refused(f"alias *{anchor} refers to a value that contains it")
+            return super().compose_node(parent, index)
+        self._depth += 1
+        if self._depth > MAX_YAML_DEPTH:
+            raise _Refused(f"it nests deeper than memfit's limit of {MAX_YAML_DEPTH} levels")
+        try:
+            node = super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+        if isinstance(node, yaml.MappingNode):
+            children = [child for pair in node.value for child in pair]
+        else:
+            children = node.value if isinstance(node, yaml.SequenceNode) else []
+        size = 1 + sum(self._sizes[id(child)] for child in children)
+        if size > MAX_YAML_NODES:
+            raise _Refused(f"it holds more than memfit's limit of {MAX_YAML_NODES:,} values "
+                           "once its aliases (*name) are expanded")
+        self._sizes[id(node)] = size
+        return node
+
+
+def _load_yaml(text: str) -> Any:
+    """``yaml.safe_load`` with memfit's bounds (``_BoundedLoader``)."""
+    loader = _BoundedLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
 
 
 def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:

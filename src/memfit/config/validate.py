@@ -9,6 +9,13 @@ import math
 
 from memfit._utils.errors import ConfigError
 from memfit._utils.sizes import parse_bytes
+from memfit.config.limits import (
+    MAX_CLASSES,
+    MAX_EPOCHS,
+    check_bytes,
+    check_control_characters,
+    check_int_limits,
+)
 from memfit.config.schema import (
     TOKEN_FORMATS,
     AdapterKind,
@@ -24,6 +31,7 @@ from memfit.config.schema import (
 
 
 def validate(config: Config) -> None:
+    check_control_characters(config)
     _check_optimizer_name(config)
     _check_model(config)
     _check_numbers(config)
@@ -56,33 +64,7 @@ def _check_model(config: Config) -> None:
 
 
 def _check_numbers(config: Config) -> None:
-    positive = {
-        "data.max_length": config.data.max_length,
-        "adapter.rank": config.adapter.rank,
-        "train.micro_batch_size": config.train.micro_batch_size,
-        "train.gradient_accumulation_steps": config.train.gradient_accumulation_steps,
-        "train.keep_checkpoints": config.train.keep_checkpoints,
-        "log.every": config.log.every,
-        "log.memory_every": config.log.memory_every,
-        "distributed.nproc": config.distributed.nproc,
-        "optimizer.galore.rank": config.optimizer.galore.rank,
-        "optimizer.galore.update_gap": config.optimizer.galore.update_gap,
-        "memory.checkpoint_every": config.memory.checkpoint_every,
-        "memory.loss_chunk_tokens": config.memory.loss_chunk_tokens,
-    }
-    if config.train.max_steps is not None:
-        positive["train.max_steps"] = config.train.max_steps
-    for key, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{key} must be at least 1, got {value}")
-    non_negative = {
-        "train.warmup_steps": config.train.warmup_steps,
-        "train.eval_every": config.train.eval_every,
-        "train.save_every": config.train.save_every,
-    }
-    for key, value in non_negative.items():
-        if value < 0:
-            raise ConfigError(f"{key} must be 0 or more, got {value}")
+    check_int_limits(config)
     for key, value, (inside, valid) in _float_domains(config):
         # Written as "not inside": nan compares false both ways, so `value < 0` lets it pass.
         if not (math.isfinite(value) and inside(value)):
@@ -96,8 +78,7 @@ def _check_numbers(config: Config) -> None:
             budget = parse_bytes(config.memory.budget)
         except ValueError as error:
             raise ConfigError(f"memory.budget: {error}") from None
-        if budget <= 0:
-            raise ConfigError(f"memory.budget must be above 0 bytes, got {config.memory.budget}")
+        check_bytes("memory.budget", budget, config.memory.budget)
 
 _ABOVE_ZERO = (lambda value: value > 0, "above 0 and finite")
 _ZERO_OR_MORE = (lambda value: value >= 0, "0 or more and finite")
@@ -114,7 +95,8 @@ def _float_domains(config: Config):
         ("adapter.alpha", config.adapter.alpha, _ABOVE_ZERO),
         ("adapter.dropout", config.adapter.dropout, _FRACTION),
         ("data.eval_fraction", config.data.eval_fraction, _FRACTION),
-        ("train.epochs", config.train.epochs, _ABOVE_ZERO),
+        ("train.epochs", config.train.epochs,
+         (lambda value: 0 < value <= MAX_EPOCHS, f"above 0 and at most {MAX_EPOCHS:,}")),
     ]
     if config.train.max_grad_norm is not None:
         domains.append(("train.max_grad_norm", config.train.max_grad_norm,
@@ -216,9 +198,6 @@ def _check_distributed(config: Config) -> None:
 
 def _check_nonfinite(config: Config) -> None:
     train = config.train
-    if train.max_consecutive_skips < 1:
-        raise ConfigError(
-            f"train.max_consecutive_skips must be at least 1, got {train.max_consecutive_skips}")
     if train.on_nonfinite is NonfiniteAction.SKIP and config.optimizer.layerwise:
         raise ConfigError(
             "train.on_nonfinite=skip cannot be combined with optimizer.layerwise=true: "
@@ -241,11 +220,11 @@ def _check_classification(config: Config) -> None:
             f"model.task=sequence-classification loads a Hugging Face folder: set model.path "
             f"instead of {source} (presets are causal language models; a factory module "
             "trains with model.task=custom)")
-    if model.num_labels is not None and model.num_labels < 2:
-        raise ConfigError(f"model.num_labels must be at least 2 (a classifier chooses "
-                          f"between classes), got {model.num_labels}")
     if not model.labels:
         return
+    if len(model.labels) > MAX_CLASSES:
+        raise ConfigError(f"model.labels names {len(model.labels):,} classes, beyond memfit's "
+                          f"limit of {MAX_CLASSES:,}")
     if len(set(model.labels)) != len(model.labels) or len(model.labels) < 2 \
             or not all(model.labels):
         raise ConfigError(f"model.labels={list(model.labels)} must name at least 2 classes, "

@@ -23,12 +23,15 @@ so every token is wholly inside or outside the loss.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import sys
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jinja2
 
 from memfit._utils.errors import DataError
+from memfit.config.limits import MAX_TEMPLATE_RANGE
 from memfit.data.read import Row
 from memfit.data.tokens import IGNORE_INDEX, Encoded, bos_ids, tokenize
 
@@ -64,9 +67,10 @@ def messages_of(row: Row) -> list[Message]:
 def render(tokenizer: Any, messages: list[Message], add_generation_prompt: bool) -> str:
     """The conversation as one string: the chat template, or the plain fallback."""
     if tokenizer.chat_template:
-        return tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=add_generation_prompt
-        )
+        with _bounded_ranges(tokenizer.get_chat_template()):
+            return tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
     eos = tokenizer.eos_token or ""
     parts = [tokenizer.bos_token] if bos_ids(tokenizer) else []
     for number, message in enumerate(messages):
@@ -84,10 +88,15 @@ def segments(tokenizer: Any, row: Row) -> list[tuple[str, bool]]:
     try:
         whole = render(tokenizer, messages, add_generation_prompt=False)
         spans = _assistant_spans(tokenizer, messages, whole, row)
-    except jinja2.TemplateError as error:
+    except (jinja2.TemplateError, OverflowError) as error:  # OverflowError: Jinja's range cap
         raise DataError(
             f"{row.where}: the tokenizer's chat template rejects this conversation: {error}"
         ) from error
+    except RecursionError:  # a macro that calls itself without end
+        raise DataError(
+            f"{row.where}: the tokenizer's chat template recurses without end (Python's "
+            f"recursion limit, {sys.getrecursionlimit()}, was reached); fix the template"
+        ) from None
     pieces, done = [], 0
     for start, stop in spans:
         # Clamped so that an odd template can never make two pieces share characters.
@@ -114,6 +123,55 @@ def encode(rows: Sequence[Row], tokenizer: Any) -> list[Encoded]:
             labels += ids if learned else [IGNORE_INDEX] * len(ids)
         encoded.append(Encoded(input_ids, labels))
     return encoded
+
+
+class _RangeBudget:
+    """``range`` for one rendering of a chat template, refusing once all its ranges
+    together exceed MAX_TEMPLATE_RANGE iterations.
+
+    Why this and not a time limit: a wall-clock limit depends on the machine, so the same
+    data would pass on one and fail on another. Jinja's sandbox already caps each range at
+    100,000 items (OverflowError), but not nested loops: range(99999) inside range(99999)
+    renders for hours. Charging every range's length up front to one budget makes the
+    refusal deterministic; real templates loop over the messages, or range() over their
+    count, far below it. (Recursion is bounded by Python's recursion limit; repeating a
+    string, ``"x" * n``, is not bounded here.)
+    """
+
+    def __init__(self) -> None:
+        self.left = MAX_TEMPLATE_RANGE
+
+    def __call__(self, *arguments: int) -> range:
+        numbers = range(*arguments)
+        if len(numbers) > self.left:
+            raise jinja2.exceptions.SecurityError(
+                f"its range() calls loop more than memfit's limit of {MAX_TEMPLATE_RANGE:,} "
+                f"times in one rendering (range{arguments})")
+        self.left -= len(numbers)
+        return numbers
+
+
+@contextlib.contextmanager
+def _bounded_ranges(chat_template: str) -> Iterator[None]:
+    """``range`` is a ``_RangeBudget`` while transformers renders ``chat_template``.
+
+    transformers compiles each template once (an lru-cached Jinja Template, in its own
+    sandboxed environment) and renders with that object; its globals are a ChainMap whose
+    first map belongs to this template alone, so setting ``range`` there for the duration
+    of one call changes nothing for anyone else. Without that private function (another
+    transformers version), templates render with Jinja's per-range cap only.
+    """
+    try:
+        from transformers.utils.chat_template_utils import _compile_jinja_template
+    except ImportError:
+        yield
+        return
+    own = _compile_jinja_template(chat_template).globals.maps[0]
+    own["range"] = _RangeBudget()
+    try:
+        yield
+    finally:
+        del own["range"]
 
 
 def _assistant_spans(

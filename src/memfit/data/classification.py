@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from memfit._utils.errors import DataError
+from memfit.config.limits import MAX_CLASSES
 from memfit.data.read import Row
 from memfit.data.tokens import require_string
 
@@ -56,6 +57,15 @@ def _label(row: Row, label_field: str) -> int | str:
         raise DataError(f"{row.where}: label {value!r:.60} in '{label_field}' is a "
                         f"{type(value).__name__}; a label is an integer (the class id) or a "
                         "string (the class name)")
+    if value == "":
+        # Refused here, at the start: a run whose classes include "" could never be
+        # resumed or merged (model.labels must be non-empty names).
+        raise DataError(f"{row.where}: the label in '{label_field}' is an empty string; a "
+                        "class name must have at least one character")
+    if isinstance(value, int) and value >= MAX_CLASSES:
+        # Integer labels imply the classes 0..max: 999999999999 would make 10**12 of them.
+        raise DataError(f"{row.where}: label {value} is a class id beyond memfit's limit of "
+                        f"{MAX_CLASSES:,} classes (integer labels are ids 0, 1, 2, ...)")
     return value
 
 
@@ -78,6 +88,9 @@ def found_labels(batches: Iterable[Sequence[Row]], label_field: str) -> FoundLab
         (where_int, an_int), (where_str, a_str) = first[int], first[str]
         raise DataError(f"{where_str}: label {a_str!r} is a string but {where_int} has the "
                         f"integer {an_int}; use class names or class ids, not both")
+    if len(values) > MAX_CLASSES:
+        raise DataError(f"the training data has {len(values):,} distinct labels in "
+                        f"'{label_field}', beyond memfit's limit of {MAX_CLASSES:,} classes")
     if len(values) < 2:
         only = f"{next(iter(values))!r} in all {rows} rows" if values else "no rows"
         raise DataError(f"the training data has one class ({only}); a classifier needs at "

@@ -69,13 +69,24 @@ def state_bytes(params: list[Param], config: Config, whole_state: int) -> int:
     if not spec.steps_local_rows:  # torch's optimizers step the DTensor shards
         return -(-whole_state // devices)
 
-    def of_rows(param: Param, rows: int) -> int:
-        if spec.row_shard_state is not None:
-            return spec.row_shard_state(param, config, rows)
-        local = replace(param, shape=(rows, *param.shape[1:]))
-        return spec.costs([local], config)[0].state
+    # A weight's rows split into at most three sizes over the ranks (torch.chunk: full
+    # chunks, a remainder, none), so each size is costed once, not once per rank: with
+    # hundreds of devices the per-rank costing dominated the whole plan.
+    costed: dict[tuple[int, int], int] = {}
 
-    return max(sum(of_rows(p, RowShard.of(p.shape, rank, devices).rows) for p in params)
+    def of_rows(index: int, param: Param, rows: int) -> int:
+        if rows == 0:  # more devices than rows: this one holds none of them, nor their state
+            return 0
+        if (index, rows) not in costed:
+            if spec.row_shard_state is not None:
+                costed[index, rows] = spec.row_shard_state(param, config, rows)
+            else:
+                local = replace(param, shape=(rows, *param.shape[1:]))
+                costed[index, rows] = spec.costs([local], config)[0].state
+        return costed[index, rows]
+
+    return max(sum(of_rows(index, p, RowShard.of(p.shape, rank, devices).rows)
+                   for index, p in enumerate(params))
                for rank in range(devices))
 
 

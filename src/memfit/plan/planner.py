@@ -8,12 +8,20 @@ building a model for real.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from memfit._utils.errors import ConfigError, MemfitError, OutOfMemoryPlanError
 from memfit._utils.sizes import format_bytes, parse_bytes
+from memfit.config.limits import (
+    MAX_DEVICES,
+    check_bytes,
+    check_control_characters,
+    check_count,
+    check_int_limits,
+)
 from memfit.config.schema import Config, DistributedStrategy, Task
 from memfit.distributed.strategies import strategy_for
 from memfit.plan import meta
@@ -76,8 +84,7 @@ def plan(config: Config, budget: str | int, device: str = "cuda",
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"device={device!r} is not one of: cuda, cpu")
     devices = config.distributed.nproc if devices is None else devices
-    if devices < 1:
-        raise ConfigError(f"--devices must be at least 1, got {devices}")
+    check_count("--devices", devices, 1, MAX_DEVICES)
     own = config.distributed.strategy
     if devices > 1 and own is DistributedStrategy.NONE:
         own = DistributedStrategy.DDP  # what several processes of the config as given run
@@ -152,8 +159,7 @@ def _budget(budget: str | int) -> int:
         value = parse_bytes(budget)
     except ValueError as error:
         raise ConfigError(f"--budget: {error}") from None
-    if value <= 0:
-        raise ConfigError(f"--budget must be positive, got {budget!r}")
+    check_bytes("--budget", value, budget)
     return value
 
 
@@ -223,8 +229,7 @@ def _largest_micro_batch(config: Config, row: StrategyEstimate, budget: int, dev
     accumulation steps: a binary search over the divisors, whose bytes grow with b."""
     if example_batch is not None:  # a factory's example fixes the micro-batch
         return _micro(config.train.micro_batch_size, config) if row.fits else None
-    effective = config.train.micro_batch_size * config.train.gradient_accumulation_steps
-    divisors = [b for b in range(1, effective + 1) if effective % b == 0]
+    divisors = _divisors(config.train.micro_batch_size * config.train.gradient_accumulation_steps)
 
     def fits(size: int) -> bool:
         if size == config.train.micro_batch_size:
@@ -240,6 +245,13 @@ def _largest_micro_batch(config: Config, row: StrategyEstimate, budget: int, dev
         else:
             high = middle - 1
     return best
+
+
+def _divisors(number: int) -> list[int]:
+    """The divisors of ``number`` in increasing order, by trial division up to its square
+    root (the effective batch may be up to 2**40: counting up to it would hang)."""
+    small = [d for d in range(1, math.isqrt(number) + 1) if number % d == 0]
+    return small + [number // d for d in reversed(small) if d * d != number]
 
 
 def _micro(size: int, config: Config) -> Overrides:
@@ -275,6 +287,8 @@ def load_plan_config(path: str | Path | None, overrides: list[str],
     # load.build_unvalidated converts and type-checks every key but skips config.validate, whose
     # not-yet-supported list would refuse keys the planner must still plan.
     config = load.build_unvalidated(Config, load.merge(raw, load.parse_overrides(overrides)))
+    check_int_limits(config)  # a plan of 10**23 examples per micro-batch would never end
+    check_control_characters(config)
     sources = [key for key in ("path", "preset", "factory") if getattr(config.model, key)]
     if len(sources) != 1:
         raise ConfigError("set exactly one of model.path, model.preset, model.factory "

@@ -1,0 +1,109 @@
+"""The largest value memfit accepts for every size and count: one table.
+
+Why bounds at all: a value no machine could hold (``train.micro_batch_size=10**23``,
+``memfit plan --devices 100000``, 10**12 classes, a YAML alias bomb) would otherwise hang
+in a loop, exhaust memory, or overflow inside torch/numpy with a traceback, instead of
+failing at once in one line. Every bound is far beyond any real run, so it never limits
+real use; the error message names it, and docs/config.md lists this table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from memfit._utils.errors import ConfigError
+
+# --- YAML: config files, override values, a run folder's config.yaml ----------------------
+MAX_CONFIG_BYTES = 2**20  # 1 MiB: memfit's own configs are under 2 KiB; PyYAML reads ~3 s/MiB
+MAX_YAML_DEPTH = 32  # nesting of mappings/lists; the schema itself nests 3 deep
+MAX_YAML_NODES = 200_000  # values after aliases are expanded (room for MAX_CLASSES labels)
+
+# --- counts ---------------------------------------------------------------------------------
+MAX_CLASSES = 100_000  # ImageNet-21k has 21,841; a head this wide is already huge
+MAX_DEVICES = 1024  # processes of one run (distributed.nproc, plan --devices)
+MAX_BYTES = 2**60  # 1 EiB: memory.budget and plan --budget
+MAX_EPOCHS = 10**6
+# Per render of a chat template: total iterations of every range() it calls (see
+# memfit.data.chat); Jinja's own sandbox allows 100,000 per range but any number of ranges.
+MAX_TEMPLATE_RANGE = 100_000
+
+_STEPS = 10**9  # optimizer steps: ~30 years at one step a second
+_BATCH = 2**20  # examples per micro-batch, or micro-batches per step
+_TOKENS = 2**24  # 16,777,216 tokens: beyond any model's context today
+_RANK = 2**16  # beyond any weight's width today
+
+# key -> (lowest, highest) accepted, for every whole-number key of schema.py.
+INT_LIMITS: dict[str, tuple[int, int]] = {
+    "model.num_labels": (2, MAX_CLASSES),
+    "data.max_length": (1, _TOKENS),
+    "data.images.size": (1, 2**15),
+    "adapter.rank": (1, _RANK),
+    "optimizer.galore.rank": (1, _RANK),
+    "optimizer.galore.update_gap": (1, _STEPS),
+    "memory.checkpoint_every": (1, 10**6),
+    "memory.loss_chunk_tokens": (1, _TOKENS),
+    "train.micro_batch_size": (1, _BATCH),
+    "train.gradient_accumulation_steps": (1, _BATCH),
+    "train.max_steps": (1, _STEPS),
+    "train.warmup_steps": (0, _STEPS),
+    "train.eval_every": (0, _STEPS),
+    "train.save_every": (0, _STEPS),
+    "train.keep_checkpoints": (1, 10**6),
+    "train.max_consecutive_skips": (1, _STEPS),
+    # numpy's np.random.seed takes 0..2**32-1, the narrowest of random, numpy and torch
+    # (torch.manual_seed: up to 2**64-1), all three seeded with it.
+    "train.seed": (0, 2**32 - 1),
+    "distributed.nproc": (1, MAX_DEVICES),
+    "log.every": (1, _STEPS),
+    "log.memory_every": (1, _STEPS),
+}
+
+
+def lookup(config: Any, key: str) -> Any:
+    """``config``'s value of a dotted key (``"train.seed"``)."""
+    for part in key.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def check_int_limits(config: Any) -> None:
+    """Every whole-number key inside its bounds, else a ConfigError naming it and the bound
+    (unset optional keys, None, are skipped)."""
+    for key, (low, high) in INT_LIMITS.items():
+        check_count(key, lookup(config, key), low, high)
+
+
+def check_count(what: str, value: int | None, low: int, high: int) -> None:
+    """One whole number inside [low, high]; ``what`` names it in the message."""
+    if value is None:
+        return
+    if value < low:
+        words = "0 or more" if low == 0 else f"at least {low}"
+        raise ConfigError(f"{what} must be {words}, got {value}")
+    if value > high:
+        raise ConfigError(f"{what}={value} is beyond memfit's limit of {high:,}")
+
+
+def check_bytes(what: str, value: int, given: Any) -> None:
+    """A byte count above 0 and at most MAX_BYTES (``given``: as the user wrote it)."""
+    if value <= 0:
+        raise ConfigError(f"{what} must be above 0 bytes, got {given}")
+    if value > MAX_BYTES:
+        raise ConfigError(f"{what}={given} is beyond memfit's limit of {MAX_BYTES:,} bytes "
+                          "(1 EiB)")
+
+
+# Keys naming files and folders (or 'file.py:name' / 'module:name' references).
+PATH_LIKE_KEYS = ("model.path", "model.factory", "model.loss", "model.export_module",
+                  "data.path", "data.eval_path", "train.output_dir")
+
+
+def check_control_characters(config: Any) -> None:
+    """No control character (a line break, a tab, ...) in a path key: YAML would have folded
+    a line break into a space on the way through config.yaml, and a path holding one breaks
+    every one-line message that names it; no real file name needs one."""
+    for key in PATH_LIKE_KEYS:
+        value = lookup(config, key)
+        if isinstance(value, str) and any(ord(c) < 32 or ord(c) == 127 for c in value):
+            raise ConfigError(f"{key}={value!r:.200} holds a control character (a line break, "
+                              "a tab, ...); name a path without one")
