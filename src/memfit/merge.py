@@ -21,6 +21,10 @@ newest sharded checkpoint becomes one normal model folder (finished or not).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -29,10 +33,11 @@ from torch import nn
 from memfit._utils.atomic import staged_folder
 from memfit._utils.errors import ConfigError
 from memfit._utils.folders import creation_problem
-from memfit.checkpoint import newest_intact_checkpoint
-from memfit.checkpoint.export import load_trained_buffers, save_model
+from memfit.checkpoint import adapter_checks, newest_intact_checkpoint
+from memfit.checkpoint.export import BUFFERS_FILE, load_trained_buffers, save_model
+from memfit.checkpoint.state import buffer_state
 from memfit.config import Config, from_mapping
-from memfit.config.code_trust import refuse_untrusted_code
+from memfit.config.code_trust import code_references, module_file, refuse_untrusted_code
 from memfit.config.load import read_yaml
 from memfit.config.schema import AdapterKind, Precision
 from memfit.distributed.checkpoint import is_sharded_checkpoint, load_trainable
@@ -43,17 +48,18 @@ from memfit.techniques.registry import frozen_storage_dtype
 from memfit.training.build import load_base, seed_everything
 
 
-def merged_model(run_dir: Path, trust_code: bool = False
-                 ) -> tuple[nn.Module, object | None, bool]:
-    """(merged model, tokenizer or None, is_transformers) for the run in ``run_dir``;
-    ``trust_code``: import the code its config names (``--trust-code``)."""
-    from peft import PeftModel
-
-    config_path, adapter_dir = run_dir / "config.yaml", run_dir / "adapter"
+def run_config(run_dir: Path) -> Config:
+    """The configuration the run in ``run_dir`` trained with."""
+    config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise ConfigError(f"memfit merge {run_dir}: no config.yaml there (not a run folder)")
-    config = from_mapping(read_yaml(config_path))
-    refuse_untrusted_code(config, f"memfit merge {run_dir}: its config.yaml", trust_code)
+    return from_mapping(read_yaml(config_path))
+
+
+def merged_model(run_dir: Path, config: Config) -> tuple[nn.Module, object | None, bool]:
+    """(merged model, tokenizer or None, is_transformers) for the run in ``run_dir``, whose
+    ``config`` the caller has read (and checked for code to trust)."""
+    adapter_dir = run_dir / "adapter"
     checkpoint = newest_intact_checkpoint(run_dir)
     if (config.adapter.kind is AdapterKind.NONE and checkpoint is not None
             and is_sharded_checkpoint(checkpoint)):
@@ -61,13 +67,22 @@ def merged_model(run_dir: Path, trust_code: bool = False
     if config.adapter.kind is AdapterKind.NONE:
         raise ConfigError(f"memfit merge {run_dir}: the run trained without adapters "
                           "(adapter.kind=none); its model/ folder is already the full model")
-    if not (adapter_dir / "adapter_config.json").is_file():
+    config_file = adapter_dir / adapter_checks.CONFIG_FILE
+    weights_file = adapter_dir / adapter_checks.WEIGHTS_FILE
+    buffers_file = adapter_dir / BUFFERS_FILE
+    if not config_file.is_file():
         raise ConfigError(f"memfit merge {run_dir}: no adapter/adapter_config.json (the run "
                           "has not finished; train it to the end first)")
-    if not (adapter_dir / "adapter_model.safetensors").is_file():
+    if not weights_file.is_file():
         # PEFT would fall back to a pickled adapter_model.bin: memfit never unpickles.
         raise ConfigError(f"memfit merge {run_dir}: no adapter/adapter_model.safetensors "
                           "(memfit writes adapters only as safetensors)")
+    # Everything that can be judged without the base, before the (slow) base is built.
+    adapter_checks.check_inside(run_dir, (adapter_dir, config_file, weights_file, buffers_file))
+    settings = adapter_checks.lora_settings(config_file)
+    weights = adapter_checks.read_tensors(weights_file, floating_only=True)
+    buffers = (adapter_checks.read_tensors(buffers_file, floating_only=False)
+               if buffers_file.is_file() else None)
     seed_everything(config.train.seed)  # built models get the weights training started from
     loaded = load_base(config)
     base, dtype = loaded.model, TORCH_DTYPES[config.model.dtype]
@@ -84,10 +99,53 @@ def merged_model(run_dir: Path, trust_code: bool = False
         # (and transformers refuses to cast a model it still takes for a bitsandbytes one)
         quantizer.remove_quantization_config(target)
     base.to(dtype)
-    merged = PeftModel.from_pretrained(target, adapter_dir).merge_and_unload()
-    load_trained_buffers(adapter_dir, merged)
+    adapter_checks.check_targets(config_file, settings["target_modules"],
+                                 [name for name, _ in target.named_modules() if name])
+    merged = _merged_adapter(target, settings, weights, weights_file)
+    load_trained_buffers(adapter_dir, merged)  # refuses names and shapes the model lacks
+    if buffers is not None:  # and their dtypes: an integer counter is no float statistic
+        adapter_checks.check_tensors_fit(buffers_file, buffers, buffer_state(merged),
+                                         "the merged model's buffers", complete=False)
+    _check_finite(run_dir, merged)
     is_transformers = loaded.is_transformers or config.model.export_module is not None
     return merged, loaded.tokenizer, is_transformers
+
+
+def _merged_adapter(target: nn.Module, settings: dict, weights: dict[str, torch.Tensor],
+                    weights_file: Path) -> nn.Module:
+    """``target`` with the adapter of ``settings`` (checked) and ``weights`` folded in.
+    What ``PeftModel.from_pretrained`` does, split so that the saved tensors are compared
+    with the ones the wrapped model calls for before any is loaded: PEFT drops a key that
+    matches no module with a warning and keeps a missing one at its initial value."""
+    from peft import LoraConfig, PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+    from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
+
+    config_file = weights_file.parent / adapter_checks.CONFIG_FILE
+    try:
+        lora = LoraConfig(**{**settings, "inference_mode": True})
+        wrapper = MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(lora.task_type, PeftModel)
+        model = wrapper(target, lora)
+    except (ValueError, TypeError) as error:  # PEFT's word on a setting or a module type
+        reason = " ".join(str(error).split())
+        raise ConfigError(f"{config_file}: PEFT cannot apply it to the base: {reason}") from None
+    # PEFT saves embedding layers too when they are targeted or were resized ("auto",
+    # which asks the Hub about base_model_name_or_path): accepted, never required, and no
+    # network lookup.
+    adapter_checks.check_tensors_fit(
+        weights_file, weights, get_peft_model_state_dict(model, save_embedding_layers=False),
+        f"the adapter {config_file.name} describes on this base",
+        optional=get_peft_model_state_dict(model, save_embedding_layers=True))
+    set_peft_model_state_dict(model, weights)
+    return model.merge_and_unload()
+
+
+def _check_finite(run_dir: Path, model: nn.Module) -> None:
+    """The last line of defence before writing: a finite adapter can still overflow
+    model.dtype once added to the base (and the base itself may hold nan)."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise ConfigError(f"memfit merge {run_dir}: the merged {name} holds nan or inf "
+                              "values (does the update overflow model.dtype?); nothing written")
 
 
 def _consolidated(config: Config, checkpoint: Path) -> tuple[nn.Module, object | None, bool]:
@@ -103,9 +161,29 @@ def _consolidated(config: Config, checkpoint: Path) -> tuple[nn.Module, object |
             loaded.is_transformers or name is not None)
 
 
-def _check_out(run_dir: Path, out: Path, force: bool) -> None:
+def _places_of(config: Config) -> list[tuple[str, str]]:
+    """``(key, path)`` for each file or folder the run reads when it resumes: its base, its
+    data, and code files it names. A value that is no local path (a hub name) is included
+    too: a folder created under that name would be read instead on the next resume."""
+    places = [(key, value) for key, value in (("model.path", config.model.path),
+                                              ("data.path", config.data.path),
+                                              ("data.eval_path", config.data.eval_path))
+              if value]
+    for key, reference in code_references(config):
+        found = module_file(reference.rpartition(":")[0])
+        if found not in ("not found", "built in"):
+            places.append((key, found))
+    return places
+
+
+def _check_out(run_dir: Path, config: Config, out: Path, force: bool) -> None:
     """Refuse an ``--out`` that would overwrite or sit inside what the user has: the run
-    itself, the current directory, or a folder with content (unless ``--force``)."""
+    itself, what it reads (even with ``--force``: a resume would train on the merged
+    weights), the current directory, a link, or a folder with content (unless
+    ``--force``)."""
+    if out.is_symlink():  # --force would replace the link, a plain write would follow it
+        raise ConfigError(f"memfit merge --out {out}: that is a symbolic link (to "
+                          f"{os.readlink(out)}); name the real folder, or a new one")
     run, target, here = run_dir.resolve(), out.resolve(), Path.cwd().resolve()
     for name, place in (("the run folder", run), ("the current directory", here)):
         if target == place or place.is_relative_to(target):
@@ -114,6 +192,12 @@ def _check_out(run_dir: Path, out: Path, force: bool) -> None:
     if target.is_relative_to(run):
         raise ConfigError(f"memfit merge --out {out}: that is inside the run folder {run_dir}; "
                           "choose a folder outside it")
+    for key, value in _places_of(config):
+        place = Path(value).resolve()
+        if target == place or target.is_relative_to(place) or place.is_relative_to(target):
+            raise ConfigError(f"memfit merge --out {out}: that is, holds or lies inside the "
+                              f"run's {key}={value}, which a resume of the run reads (refused "
+                              "even with --force); choose another folder")
     if out.exists() and not out.is_dir():
         raise ConfigError(f"memfit merge --out {out}: that is a file; choose a new folder")
     if out.is_dir() and any(out.iterdir()) and not force:
@@ -124,14 +208,72 @@ def _check_out(run_dir: Path, out: Path, force: bool) -> None:
         raise ConfigError(f"memfit merge --out {out} cannot be created: {problem}")
 
 
+def claim_path(out: Path) -> Path:
+    """The file whose lock a merge into ``out`` holds while it writes."""
+    return out.parent / f".{out.name}.memfit-merge.lock"
+
+
+@contextlib.contextmanager
+def _claimed(out: Path) -> Iterator[None]:
+    """Be the only merge writing ``out`` until the block ends, or refuse in one line.
+
+    The claim is an exclusive ``flock`` on an empty file beside ``out``. It is opened with
+    O_NOFOLLOW, so a link planted at that name is refused, never written through; nothing is
+    ever written into it. The kernel drops a lock when its holder dies, so a file a killed
+    merge left behind blocks nobody (and the next merge removes it). The holder removes the
+    file before it lets go; another merge may have opened that file a moment earlier and get
+    the lock once it is released, on a file no longer at that name, which guards nothing: so
+    a lock counts only while the name still leads to the locked file (else it lost a race
+    with a merge that has just written ``out``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    path = claim_path(out)
+    busy = (f"memfit merge --out {out}: another memfit merge into that folder is running; "
+            "let it finish, or choose another folder")
+    try:
+        handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as error:
+        raise ConfigError(f"memfit merge --out {out}: cannot create its lock file {path} "
+                          f"({error.strerror}); remove whatever is at that name") from None
+    try:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(busy) from None
+        if not _names(path, handle):
+            raise ConfigError(busy)
+        try:
+            yield
+        finally:
+            if _names(path, handle):
+                path.unlink()
+    finally:
+        os.close(handle)
+
+
+def _names(path: Path, handle: int) -> bool:
+    """Whether ``path`` (not followed) is the open file ``handle``."""
+    try:
+        found = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(handle)
+    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
+
+
 def merge_run(run_dir: str | Path, out: str | Path, force: bool = False,
               trust_code: bool = False) -> Path:
     """Write the merged model of ``run_dir`` to ``out``: a new or empty folder, or with
     ``force`` a folder whose contents are replaced — only once the new model is complete
-    (written beside it, then swapped in)."""
+    (written beside it, then swapped in). ``trust_code``: import the code the run's config
+    names (``--trust-code``). Every refusal comes before anything is written."""
     run_dir, out = Path(run_dir), Path(out)
-    _check_out(run_dir, out, force)
-    model, tokenizer, is_transformers = merged_model(run_dir, trust_code)
-    with staged_folder(out) as folder:
-        save_model(folder, model, tokenizer, save_pretrained=is_transformers)
+    config = run_config(run_dir)
+    refuse_untrusted_code(config, f"memfit merge {run_dir}: its config.yaml", trust_code)
+    _check_out(run_dir, config, out, force)
+    model, tokenizer, is_transformers = merged_model(run_dir, config)
+    with _claimed(out):
+        # Again: another merge may have written out while this one merged.
+        _check_out(run_dir, config, out, force)
+        with staged_folder(out) as folder:
+            save_model(folder, model, tokenizer, save_pretrained=is_transformers)
     return out

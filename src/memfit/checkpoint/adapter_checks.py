@@ -1,0 +1,229 @@
+"""What ``memfit merge`` checks in a run's ``adapter/`` before it folds it into the base.
+
+A run folder may come from a colleague or a hub, and PEFT loads whatever it is given as
+well as it can: keys that match no module are dropped with a warning (the "merged" model
+is then exactly the untrained base), nan/inf values are added into the weights, and an
+initialisation such as PiSSA or LoftQ, which rewrote the base weights during training,
+is merged onto a base that no longer matches. So the adapter is checked against what memfit
+itself writes and what PEFT's ``merge_and_unload`` reproduces exactly, and anything else is
+refused in one line naming the file, the key or field, and the value:
+
+- before the base is loaded (seconds): the folder and its files lie inside the run folder;
+  ``adapter_config.json`` is a JSON object of LoRA settings memfit could have written
+  (``check_adapter_files``); the safetensors files parse, every adapter tensor is floating
+  point and every floating tensor is finite;
+- once the base is built and wrapped, before anything is written: ``target_modules`` names
+  modules of the base (``check_targets``), and the adapter's tensors are exactly the ones
+  that wrapping calls for, each with its shape and kind of dtype (``check_tensors_fit``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import re
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import Tensor
+
+from memfit._utils.errors import ConfigError
+
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _is_names(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(v, str) and v
+                                                           for v in value)
+
+
+def _anything(_value: Any) -> bool:
+    return True
+
+
+# The fields memfit writes with values of its own (techniques/lora.py, export.py): each
+# with what is accepted. Every other LoraConfig field must hold PEFT's default.
+_FREE: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "peft_type": (lambda v: v == "LORA", '"LORA" (memfit merges LoRA adapters only)'),
+    "task_type": (lambda v: v in (None, "SEQ_CLS"), 'null or "SEQ_CLS"'),
+    "r": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
+          "a positive integer"),
+    "lora_alpha": (_is_number, "a finite number"),
+    "lora_dropout": (lambda v: _is_number(v) and 0 <= v <= 1, "a number from 0 to 1"),
+    "use_rslora": (lambda v: isinstance(v, bool), "true or false"),
+    "use_dora": (lambda v: isinstance(v, bool), "true or false"),
+    "inference_mode": (lambda v: isinstance(v, bool), "true or false"),
+    "target_modules": (lambda v: (isinstance(v, str) and bool(v)) or _is_names(v),
+                       "a regular expression or a list of module names"),
+    "modules_to_save": (lambda v: v is None or _is_names(v), "null or a list of module names"),
+    # Where the adapter came from: PEFT records it, nothing is loaded from it.
+    "auto_mapping": (_anything, ""),
+    "peft_version": (_anything, ""),
+    "base_model_name_or_path": (_anything, ""),
+    "revision": (_anything, ""),
+}
+# Without these PEFT would fill in defaults (r=8, lora_alpha=8) that merge a different
+# update than the one trained: a config memfit wrote always has them.
+_REQUIRED = ("peft_type", "r", "lora_alpha", "target_modules")
+_CHANGES_THE_BASE = ("it rewrites the base weights when the adapter is created, so the "
+                     "rebuilt base is not the one the adapter was trained on")
+_WHY = dict.fromkeys(("init_lora_weights", "loftq_config", "eva_config", "corda_config",
+                      "lora_ga_config"), _CHANGES_THE_BASE)
+
+
+def _lora_defaults() -> dict[str, Any]:
+    """PEFT's default of every field of the installed ``LoraConfig``."""
+    from peft import LoraConfig
+
+    defaults = {}
+    for field in dataclasses.fields(LoraConfig):
+        if field.default is not dataclasses.MISSING:
+            defaults[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            defaults[field.name] = field.default_factory()
+    return defaults
+
+
+def _empty(value: Any) -> bool:
+    return value is None or value is False or value in ({}, [], "")
+
+
+def _is_default(value: Any, default: Any) -> bool:
+    if isinstance(value, bool) or isinstance(default, bool):
+        return value is default  # true is not 1: PEFT tests `is True`
+    return value == default or (_empty(value) and _empty(default))
+
+
+def _shown(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def lora_settings(path: Path) -> dict[str, Any]:
+    """The ``LoraConfig`` keyword arguments in ``path`` (an adapter_config.json), once each
+    field is one memfit writes with a valid value, or PEFT's default (or an unknown field
+    left empty, as a newer PEFT writes them)."""
+    try:
+        raw = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ConfigError(f"{path}: not a readable JSON file ({error})") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: holds {type(raw).__name__} {_shown(raw)}, not a JSON object "
+                          "of LoRA settings")
+    missing = [name for name in _REQUIRED if name not in raw]
+    if missing:
+        raise ConfigError(f"{path}: no {missing[0]} field; PEFT would use its default and "
+                          "merge an update other than the one trained")
+    defaults, settings = _lora_defaults(), {}
+    for name, value in raw.items():
+        if name in _FREE:
+            accepts, expected = _FREE[name]
+            if not accepts(value):
+                raise ConfigError(f"{path}: {name}={_shown(value)}; memfit merge needs "
+                                  f"{expected}")
+        elif name not in defaults:
+            if _empty(value):
+                continue  # a setting of another PEFT version, unused
+            raise ConfigError(f"{path}: {name}={_shown(value)} is not a LoRA setting the "
+                              "installed PEFT knows; memfit merge cannot tell what it changes")
+        elif not _is_default(value, defaults[name]):
+            why = _WHY.get(name, "memfit never writes it, and merging such an adapter onto "
+                                 "the rebuilt base is not checked to reproduce it")
+            raise ConfigError(f"{path}: {name}={_shown(value)} cannot be merged faithfully: "
+                              f"{why} (memfit writes {_shown(defaults[name])})")
+        settings[name] = value
+    return settings
+
+
+def read_tensors(path: Path, floating_only: bool) -> dict[str, Tensor]:
+    """Every tensor of the safetensors file ``path``, each floating one finite (and with
+    ``floating_only`` every one floating), or a ConfigError naming the file and key."""
+    tensors = {}
+    try:
+        with safe_open(path, framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                tensor = handle.get_tensor(name)
+                if floating_only and not tensor.is_floating_point():
+                    raise ConfigError(f"{path}: {name!r} holds {tensor.dtype}, not floating "
+                                      "point weights")
+                if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                    bad = "nan" if torch.isnan(tensor).any() else "inf"
+                    raise ConfigError(f"{path}: {name!r} holds {bad} values; merging it would "
+                                      "write them into the model's weights")
+                tensors[name] = tensor
+    except (SafetensorError, OSError) as error:
+        reason = getattr(error, "strerror", None) or str(error)
+        raise ConfigError(f"{path}: not a readable safetensors file ({reason})") from None
+    return tensors
+
+
+def check_inside(run_dir: Path, paths: Iterable[Path]) -> None:
+    """Each of ``paths`` (found through ``run_dir``) is really inside the run folder: a
+    symlink out of it would merge someone else's file under this run's name."""
+    run = run_dir.resolve()
+    for path in paths:
+        if path.exists() and not path.resolve().is_relative_to(run):
+            raise ConfigError(f"memfit merge {run_dir}: {path} is a link to {path.resolve()}, "
+                              "outside the run folder; copy the file into the run instead")
+
+
+def check_targets(path: Path, target_modules: str | list[str], names: list[str]) -> None:
+    """Each module ``target_modules`` names (in ``path``) is one of the base's ``names``:
+    PEFT adapts what matches and quietly skips the rest. memfit writes an anchored
+    alternation of exact names, checked one by one; any other pattern must match
+    something; a list entry matches a name or a name's last parts, as in PEFT."""
+    if isinstance(target_modules, str):
+        exact = re.fullmatch(r"\^\(\?:(.*)\)\$", target_modules)
+        patterns = exact.group(1).split("|") if exact else [target_modules]
+        for pattern in patterns:
+            try:
+                found = any(re.fullmatch(pattern, name) for name in names)
+            except re.error as error:
+                raise ConfigError(f"{path}: target_modules is not a valid regular expression "
+                                  f"({error})") from None
+            if not found:
+                raise ConfigError(f"{path}: target_modules names {_shown(pattern)}, which "
+                                  "matches no module of the base (an adapter of another "
+                                  "model?)")
+        return
+    for entry in target_modules:
+        if not any(name == entry or name.endswith(f".{entry}") for name in names):
+            raise ConfigError(f"{path}: target_modules names {_shown(entry)}, which matches no "
+                              "module of the base (an adapter of another model?)")
+
+
+def check_tensors_fit(path: Path, saved: dict[str, Tensor], expected: dict[str, Tensor],
+                      what: str, complete: bool = True,
+                      optional: dict[str, Tensor] | None = None) -> None:
+    """``saved`` (read from ``path``) holds only names of ``expected`` (or of ``optional``),
+    each with its shape and its kind of dtype (floating or the same integer type); with
+    ``complete``, all of ``expected``. ``what`` says what the expected names come from."""
+    expected_or_optional = {**(optional or {}), **expected}
+    unexpected = sorted(set(saved) - set(expected_or_optional))
+    if unexpected:
+        raise ConfigError(f"{path}: {len(unexpected)} tensor(s) match nothing in {what}, e.g. "
+                          f"{unexpected[0]!r} (renamed, or saved for another model?)")
+    missing = sorted(set(expected) - set(saved)) if complete else []
+    if missing:
+        raise ConfigError(f"{path}: {len(missing)} tensor(s) of {what} are missing, e.g. "
+                          f"{missing[0]!r}; a partial adapter would merge as the untrained "
+                          "base there")
+    for name, tensor in saved.items():
+        want = expected_or_optional[name]
+        if tensor.shape != want.shape:
+            raise ConfigError(f"{path}: {name!r} has shape {tuple(tensor.shape)}, but {what} "
+                              f"needs {tuple(want.shape)}")
+        if (tensor.is_floating_point() != want.is_floating_point()
+                or (not want.is_floating_point() and tensor.dtype != want.dtype)):
+            raise ConfigError(f"{path}: {name!r} holds {tensor.dtype}, but {what} needs "
+                              f"{want.dtype}")
