@@ -59,23 +59,26 @@ def _resolve_train_config(args: argparse.Namespace):
 
 def _command_train(args: argparse.Namespace) -> int:
     from memfit.config import to_yaml
+    from memfit.distributed.launch import check_process_count, launch, should_launch
+    from memfit.distributed.workers import relayed_to_launcher
 
     if args.nproc is not None:
+        check_process_count(args.nproc, f"--nproc {args.nproc}")
         args.arguments.append(f"distributed.nproc={args.nproc}")
-    config = _resolve_train_config(args)
-    if args.print_config:
-        sys.stdout.write(to_yaml(config))
-        return 0
-    from memfit.distributed.launch import launch, should_launch
+    # In a worker of `--nproc`, an error goes to the launcher, which prints it once.
+    with relayed_to_launcher(args.debug) as outcome:
+        config = _resolve_train_config(args)
+        if args.print_config:
+            sys.stdout.write(to_yaml(config))
+            return 0
+        if should_launch(config):  # this process starts the workers and waits for them
+            return launch(config.distributed.nproc, _worker_arguments(args))
+        from memfit.training.api import train
 
-    if should_launch(config):  # this process starts the workers and waits for them
-        return launch(config.distributed.nproc, _worker_arguments(args))
-    from memfit.training.api import train
-
-    result = train(config, resume=args.resume)
-    if result.summary:  # rank 0's (the only one when not distributed)
-        _print_summary(result.summary, result.output_dir)
-    return 0
+        result = train(config, resume=args.resume)
+        if result.summary:  # rank 0's (the only one when not distributed)
+            _print_summary(result.summary, result.output_dir)
+    return outcome.exit_code
 
 
 def _worker_arguments(args: argparse.Namespace) -> list[str]:
@@ -287,7 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     # cannot (always, offline); it falls back to its own kernel, so the warning is noise.
     logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     parser = build_parser()
-    args = parser.parse_args(argv)
+    # Positionals after an option (`train --nproc 2 a=1 b=2`, `train cfg.yaml --nproc 2 x=1`)
+    # come back unparsed: they continue the command's [CONFIG.yaml] [key=value ...].
+    args, rest = parser.parse_known_args(argv)
+    if rest and (not isinstance(getattr(args, "arguments", None), list)
+                 or any(argument.startswith("-") for argument in rest)):
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    if rest:
+        args.arguments.extend(rest)
     if args.command is None:
         parser.print_help()
         return 2
