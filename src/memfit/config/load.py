@@ -7,6 +7,7 @@ in ``schema.py``, so adding a key there is all it takes to make it loadable.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import difflib
 import types
@@ -111,22 +112,41 @@ def _override_value(pair: str, text: str) -> Any:
     if not text.strip():
         return None
     if len(text) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"override {pair:.60}...: the value is {len(text):,} characters, "
+        raise ConfigError(f"override {pair!r:.60}...: the value is {len(text):,} characters, "
                           f"beyond memfit's limit of {MAX_CONFIG_BYTES:,}")
     try:
-        value = _load_yaml(text)
         tokens = [token for token in yaml.scan(text)
                   if not isinstance(token, (yaml.StreamStartToken, yaml.StreamEndToken))]
-    except _Refused as error:
-        raise ConfigError(f"override {pair!r:.200} is refused: {error}") from None
     except yaml.YAMLError:
         return text  # not YAML at all: a string, as written
-    if (isinstance(value, str) and len(tokens) == 1 and isinstance(tokens[0], yaml.ScalarToken)
-            and tokens[0].plain):
-        return text
-    spans = [(token.start_mark.index, token.end_mark.index) for token in tokens]
-    for index, character in enumerate(text):
-        if character == "#" and not any(start <= index < end for start, end in spans):
+    if len(tokens) == 1 and isinstance(tokens[0], yaml.ScalarToken) and tokens[0].plain:
+        try:
+            value = _load_yaml(text)
+        except _Refused:  # e.g. 2026-13-45, which YAML takes for a date
+            return text
+        # A number, a boolean or null is meant as one; anything else (a string, a date) is
+        # the text exactly as written, comment-like "#..." and line breaks included.
+        plain = value is None or isinstance(value, (bool, int, float))
+        if not plain:
+            return text
+    else:
+        try:
+            value = _load_yaml(text)
+        except _Refused as error:
+            raise ConfigError(f"override {pair!r:.200} is refused: {error}") from None
+        except yaml.YAMLError:
+            return text
+    _refuse_lossy_yaml(pair, text, tokens)
+    return value
+
+
+def _refuse_lossy_yaml(pair: str, text: str, tokens: list[yaml.Token]) -> None:
+    """ConfigError when YAML would drop a comment from ``text`` or fold a line break in it
+    (outside every token: a comment; a line break inside a scalar: folded)."""
+    starts = [token.start_mark.index for token in tokens]
+    for index in (i for i, character in enumerate(text) if character == "#"):
+        before = bisect.bisect_right(starts, index) - 1  # the token starting at or before it
+        if before < 0 or index >= tokens[before].end_mark.index:
             raise ConfigError(f"override {pair!r:.200}: YAML reads {text[index:]!r:.80} as a "
                               "comment and would drop it; quote the value (key='...') or remove "
                               "the comment")
@@ -136,7 +156,6 @@ def _override_value(pair: str, text: str) -> Any:
             raise ConfigError(f"override {pair!r:.200}: YAML would fold the line break in "
                               f"{source!r:.80} into a space; write \\n inside double quotes "
                               "instead")
-    return value
 
 
 class _Refused(yaml.YAMLError):
@@ -191,6 +210,8 @@ def _load_yaml(text: str) -> Any:
     loader = _BoundedLoader(text)
     try:
         return loader.get_single_data()
+    except ValueError as error:  # a date like 2026-13-45, an int of over 4,300 digits
+        raise _Refused(f"a value cannot be read: {str(error).split(';')[0]}") from None
     finally:
         loader.dispose()
 
@@ -312,11 +333,11 @@ def _convert_scalar(hint: type, value: Any, key: str) -> Any:
     if hint is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key} must be true or false, got {value!r}")
+        raise ConfigError(f"{key} must be true or false, got {value!r:.200}")
     if hint is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{key} must be a whole number, got {value!r}")
+        raise ConfigError(f"{key} must be a whole number, got {value!r:.200}")
     if hint is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -325,9 +346,9 @@ def _convert_scalar(hint: type, value: Any, key: str) -> Any:
                 return float(value)
             except ValueError:
                 pass
-        raise ConfigError(f"{key} must be a number, got {value!r}")
+        raise ConfigError(f"{key} must be a number, got {value!r:.200}")
     if hint is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{key} must be a string, got {value!r}")
+        raise ConfigError(f"{key} must be a string, got {value!r:.200}")
     raise TypeError(f"config type {hint} of {key} has no converter")

@@ -146,7 +146,7 @@ class _RangeBudget:
         if len(numbers) > self.left:
             raise jinja2.exceptions.SecurityError(
                 f"its range() calls loop more than memfit's limit of {MAX_TEMPLATE_RANGE:,} "
-                f"times in one rendering (range{arguments})")
+                f"times in one rendering (range({', '.join(map(str, arguments))}))")
         self.left -= len(numbers)
         return numbers
 
