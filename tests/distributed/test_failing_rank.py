@@ -27,6 +27,8 @@ def test_a_failing_rank_stops_the_job_with_its_error(tmp_path: Path, strategy: s
         f"distributed: {{strategy: {strategy}}}\n"
         "log: {progress: false, tensorboard: false}\n")
     result = memfit("train", str(config), "--nproc", "2", cwd=tmp_path, timeout=240)
-    assert result.returncode != 0
-    assert FAILURE in result.stderr
+    assert result.returncode == 1, result.stderr  # a bug, as in one process
+    assert FAILURE in result.stderr  # with its traceback
+    assert result.stderr.strip().splitlines()[-1].startswith("memfit: error: worker rank ")
+    assert "ChildFailedError" not in result.stderr  # torchrun's own report is not shown
     assert not (tmp_path / "run" / "summary.json").exists()
