@@ -42,13 +42,16 @@ def _launched_world_size() -> int | None:
 
 
 def process_limit() -> tuple[int, str]:
-    """The most workers ``--nproc`` starts here, and what bounds it (one per GPU, or per CPU
-    core this process may use)."""
+    """The most workers ``--nproc`` starts here, and what bounds it: one per GPU (NCCL
+    refuses two processes on one), else one per CPU core this process may use, and at least
+    2 (more workers than cores train correctly, only slower; the bound catches typos)."""
     import torch
 
     if torch.cuda.is_available():
         return torch.cuda.device_count(), "one per GPU"
-    return len(os.sched_getaffinity(0)), "one per CPU core this process may use"
+    # sched_getaffinity: the cores a container or `taskset` leaves (Linux); cpu_count elsewhere.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(2, cores or 1), "one per CPU core, at least 2"
 
 
 def check_process_count(nproc: int, name: str) -> None:
@@ -181,8 +184,9 @@ def _failed(failures: dict[int, int], outcomes: Path) -> int:
         raise WorkerFailed(128 - code, f"worker rank {rank} was killed by {name}{why}; the "
                            "other workers were stopped; resume from the newest checkpoint "
                            "with: memfit train --resume RUN_DIR")
-    raise WorkerFailed(code, f"worker rank {rank} failed with exit status {code} (its "
-                       "traceback is above); the other workers were stopped")
+    # A crash's traceback, or what the worker printed before exiting (`--debug`), is above.
+    raise WorkerFailed(code, f"worker rank {rank} failed with exit status {code} (its output "
+                       "is above); the other workers were stopped")
 
 
 class WorkerFailed(MemfitError):
