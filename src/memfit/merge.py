@@ -17,6 +17,14 @@ module with ``load_state_dict(strict=True)``.
 
 A full fine-tune trained with distributed.strategy=fsdp is consolidated instead: its
 newest sharded checkpoint becomes one normal model folder (finished or not).
+
+A run folder may come from anyone: what merge cannot fold in faithfully is refused in one
+line before anything is written (checkpoint/adapter_checks.py: non-finite, unmatched,
+missing or misshapen adapter tensors, LoRA settings memfit does not write, damaged files),
+and so is an ``--out`` that is a link, or is, holds or lies inside what the run reads
+(its model.path, data, code) — replacing those would make a later ``--resume`` train on
+the merged weights. Two merges into one ``--out`` at once: one writes, the other is
+refused (``_claimed``).
 """
 
 from __future__ import annotations
@@ -67,22 +75,14 @@ def merged_model(run_dir: Path, config: Config) -> tuple[nn.Module, object | Non
     if config.adapter.kind is AdapterKind.NONE:
         raise ConfigError(f"memfit merge {run_dir}: the run trained without adapters "
                           "(adapter.kind=none); its model/ folder is already the full model")
-    config_file = adapter_dir / adapter_checks.CONFIG_FILE
-    weights_file = adapter_dir / adapter_checks.WEIGHTS_FILE
-    buffers_file = adapter_dir / BUFFERS_FILE
-    if not config_file.is_file():
+    if not (adapter_dir / adapter_checks.CONFIG_FILE).is_file():
         raise ConfigError(f"memfit merge {run_dir}: no adapter/adapter_config.json (the run "
                           "has not finished; train it to the end first)")
-    if not weights_file.is_file():
+    if not (adapter_dir / adapter_checks.WEIGHTS_FILE).is_file():
         # PEFT would fall back to a pickled adapter_model.bin: memfit never unpickles.
         raise ConfigError(f"memfit merge {run_dir}: no adapter/adapter_model.safetensors "
                           "(memfit writes adapters only as safetensors)")
-    # Everything that can be judged without the base, before the (slow) base is built.
-    adapter_checks.check_inside(run_dir, (adapter_dir, config_file, weights_file, buffers_file))
-    settings = adapter_checks.lora_settings(config_file)
-    weights = adapter_checks.read_tensors(weights_file, floating_only=True)
-    buffers = (adapter_checks.read_tensors(buffers_file, floating_only=False)
-               if buffers_file.is_file() else None)
+    adapter = adapter_checks.read_adapter(run_dir, adapter_dir)  # before the (slow) base
     seed_everything(config.train.seed)  # built models get the weights training started from
     loaded = load_base(config)
     base, dtype = loaded.model, TORCH_DTYPES[config.model.dtype]
@@ -99,30 +99,33 @@ def merged_model(run_dir: Path, config: Config) -> tuple[nn.Module, object | Non
         # (and transformers refuses to cast a model it still takes for a bitsandbytes one)
         quantizer.remove_quantization_config(target)
     base.to(dtype)
-    adapter_checks.check_targets(config_file, settings["target_modules"],
+    adapter_checks.check_targets(adapter_dir / adapter_checks.CONFIG_FILE,
+                                 adapter.settings["target_modules"],
                                  [name for name, _ in target.named_modules() if name])
-    merged = _merged_adapter(target, settings, weights, weights_file)
+    merged = _merged_adapter(target, adapter, adapter_dir)
     load_trained_buffers(adapter_dir, merged)  # refuses names and shapes the model lacks
-    if buffers is not None:  # and their dtypes: an integer counter is no float statistic
-        adapter_checks.check_tensors_fit(buffers_file, buffers, buffer_state(merged),
-                                         "the merged model's buffers", complete=False)
+    if adapter.buffers is not None:  # and their dtypes: an integer counter is no statistic
+        adapter_checks.check_tensors_fit(adapter_dir / BUFFERS_FILE, adapter.buffers,
+                                         buffer_state(merged), "the merged model's buffers",
+                                         complete=False)
     _check_finite(run_dir, merged)
     is_transformers = loaded.is_transformers or config.model.export_module is not None
     return merged, loaded.tokenizer, is_transformers
 
 
-def _merged_adapter(target: nn.Module, settings: dict, weights: dict[str, torch.Tensor],
-                    weights_file: Path) -> nn.Module:
-    """``target`` with the adapter of ``settings`` (checked) and ``weights`` folded in.
-    What ``PeftModel.from_pretrained`` does, split so that the saved tensors are compared
-    with the ones the wrapped model calls for before any is loaded: PEFT drops a key that
+def _merged_adapter(target: nn.Module, adapter: adapter_checks.Adapter,
+                    adapter_dir: Path) -> nn.Module:
+    """``target`` with ``adapter`` (read from ``adapter_dir``) folded in. What
+    ``PeftModel.from_pretrained`` does, split so that the saved tensors are compared with
+    the ones the wrapped model calls for before any is loaded: PEFT drops a key that
     matches no module with a warning and keeps a missing one at its initial value."""
     from peft import LoraConfig, PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
     from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
 
-    config_file = weights_file.parent / adapter_checks.CONFIG_FILE
+    config_file = adapter_dir / adapter_checks.CONFIG_FILE
+    weights_file = adapter_dir / adapter_checks.WEIGHTS_FILE
     try:
-        lora = LoraConfig(**{**settings, "inference_mode": True})
+        lora = LoraConfig(**{**adapter.settings, "inference_mode": True})
         wrapper = MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(lora.task_type, PeftModel)
         model = wrapper(target, lora)
     except (ValueError, TypeError) as error:  # PEFT's word on a setting or a module type
@@ -131,11 +134,11 @@ def _merged_adapter(target: nn.Module, settings: dict, weights: dict[str, torch.
     # PEFT saves embedding layers too when they are targeted or were resized ("auto",
     # which asks the Hub about base_model_name_or_path): accepted, never required, and no
     # network lookup.
+    needed = get_peft_model_state_dict(model, save_embedding_layers=False)
     adapter_checks.check_tensors_fit(
-        weights_file, weights, get_peft_model_state_dict(model, save_embedding_layers=False),
-        f"the adapter {config_file.name} describes on this base",
-        optional=get_peft_model_state_dict(model, save_embedding_layers=True))
-    set_peft_model_state_dict(model, weights)
+        weights_file, adapter.weights, needed, f"the adapter {config_file.name} describes on "
+        "this base", optional=get_peft_model_state_dict(model, save_embedding_layers=True))
+    set_peft_model_state_dict(model, adapter.weights)
     return model.merge_and_unload()
 
 

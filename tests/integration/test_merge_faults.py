@@ -27,6 +27,8 @@ from cli_helpers import (
 )
 from safetensors.torch import load_file, save_file
 
+from memfit._utils.errors import ConfigError
+from memfit.checkpoint.adapter_checks import check_tensors_fit
 from memfit.config import Config
 from memfit.config.load import read_yaml
 from memfit.merge import claim_path
@@ -125,18 +127,45 @@ def test_a_partial_adapter_is_refused(run: Path):
     assert_refused(run, WEIGHTS, "missing", repr(key), "partial")
 
 
-def test_a_tensor_of_the_wrong_shape_is_refused(run: Path):
+@pytest.mark.parametrize("wrong", ["rank", "features"])
+def test_a_tensor_of_the_wrong_shape_is_refused(run: Path, wrong: str):
     key = a_key(run, "lora_A")
-    rewrite_weights(run, lambda weights: weights.__setitem__(
-        key, torch.zeros(3, weights[key].shape[1])))
-    assert_refused(run, WEIGHTS, repr(key), "shape (3, ")
+    rank, features = load_file(run / WEIGHTS)[key].shape
+    shape = (rank + 1, features) if wrong == "rank" else (rank, features + 1)
+    rewrite_weights(run, lambda weights: weights.__setitem__(key, torch.zeros(shape)))
+    assert_refused(run, WEIGHTS, repr(key), f"shape {shape}")
+
+
+def test_an_adapter_without_lora_weights_is_refused(run: Path):
+    save_file({}, run / WEIGHTS)
+    assert_refused(run, WEIGHTS, "no LoRA weights")
+
+
+def test_a_forged_rank_is_refused_before_peft_allocates_it(run: Path):
+    rewrite_config(run, r=10**9)
+    assert_refused(run, WEIGHTS, "r=1000000000")
 
 
 def test_target_modules_naming_a_module_the_base_lacks_is_refused(run: Path):
     config = json.loads((run / CONFIG).read_text())
     extra = r"model\.layers\.9\.mlp\.up_proj"
     rewrite_config(run, target_modules=config["target_modules"][:-2] + "|" + extra + ")$")
-    assert_refused(run, CONFIG, "target_modules", "matches no module")
+    assert_refused(run, CONFIG, "target_modules", repr("model.layers.9.mlp.up_proj"),
+                   "no module of the base")
+
+
+def test_target_modules_of_a_kind_peft_cannot_adapt_is_refused(run: Path):
+    rewrite_config(run, target_modules=["norm"])  # model.norm, an RMSNorm
+    assert_refused(run, CONFIG, "PEFT cannot apply it")
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("target_modules", "^(?:(a+)+b)$"), ("target_modules", ".*proj"),
+    ("modules_to_save", ["(a+)+b"])])
+def test_patterns_other_than_module_names_are_refused(run: Path, field: str, value):
+    """PEFT matches them against every module name: a crafted one could run for hours."""
+    rewrite_config(run, **{field: value})
+    assert_refused(run, CONFIG, f"{field}=")
 
 
 def test_an_adapter_folder_linking_out_of_the_run_is_refused(run: Path, tmp_path: Path):
@@ -208,6 +237,21 @@ def test_a_tensor_of_a_wrong_dtype_is_refused(run: Path):
     assert_refused(run, WEIGHTS, repr(key), "torch.int64")
 
 
+def test_a_buffer_of_the_wrong_kind_of_dtype_is_refused(tmp_path: Path):
+    """BatchNorm's step counter is an integer; a float there (or an integer statistic)
+    is not what training left."""
+    counter, statistic = "bn.num_batches_tracked", "bn.running_mean"
+    expected = {counter: torch.tensor(3), statistic: torch.zeros(4)}
+    path = tmp_path / "buffers.safetensors"
+    for saved, wrong in (({counter: torch.tensor(3.0)}, "torch.float32"),
+                         ({statistic: torch.zeros(4, dtype=torch.int32)}, "torch.int32")):
+        with pytest.raises(ConfigError, match=f"{next(iter(saved))}.* holds {wrong}"):
+            check_tensors_fit(path, saved, expected, "the merged model's buffers",
+                              complete=False)
+    check_tensors_fit(path, {statistic: torch.zeros(4, dtype=torch.float16)}, expected,
+                      "the merged model's buffers", complete=False)
+
+
 # --- 5. --out on what the run reads ------------------------------------------------------
 
 def set_run_config(run: Path, section: str, **values) -> None:
@@ -216,12 +260,20 @@ def set_run_config(run: Path, section: str, **values) -> None:
     (run / "config.yaml").write_text(yaml.safe_dump(config))
 
 
+@pytest.fixture(scope="module")
+def model_folder(trained: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Hugging Face folder of the tiny Llama (the trained run, merged), to serve as a
+    run's model.path."""
+    out = tmp_path_factory.mktemp("model") / "base"
+    assert merge(trained, out).returncode == 0
+    return out
+
+
 @pytest.mark.parametrize("where", ["equal", "containing", "inside"])
 def test_out_on_the_runs_base_model_is_refused_even_with_force(run: Path, tmp_path: Path,
-                                                               where: str):
-    base = tmp_path / "models" / "base"
-    base.mkdir(parents=True)
-    (base / "config.json").write_text("{}")
+                                                               model_folder: Path, where: str):
+    """Replacing it would make a later --resume train on the merged weights."""
+    base = Path(shutil.copytree(model_folder, tmp_path / "models" / "base"))
     set_run_config(run, "model", path=str(base), preset=None)
     out = {"equal": base, "containing": base.parent, "inside": base / "merged"}[where]
     assert_refused(run, "model.path", out=out, flags=("--force",))

@@ -32,6 +32,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from memfit._utils.errors import ConfigError
+from memfit.checkpoint.export import BUFFERS_FILE
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -42,9 +43,28 @@ def _is_number(value: Any) -> bool:
             and math.isfinite(value))
 
 
+# PEFT puts a modules_to_save entry into a regular expression as it is, and matches a
+# string target_modules against every module name: a crafted pattern could backtrack for
+# hours. memfit writes module names, and the anchored alternation of them escaped.
+_PLAIN_NAME = re.compile(r"[\w.\-]+")
+_ALTERNATION = re.compile(r"\^\(\?:(.+)\)\$", re.DOTALL)
+
+
 def _is_names(value: Any) -> bool:
-    return isinstance(value, list) and bool(value) and all(isinstance(v, str) and v
-                                                           for v in value)
+    return (isinstance(value, list) and bool(value)
+            and all(isinstance(v, str) and _PLAIN_NAME.fullmatch(v) for v in value))
+
+
+def exact_names(target_modules: str) -> list[str] | None:
+    """The module names in ``target_modules`` when it is what memfit writes, an anchored
+    alternation of escaped exact names (``^(?:a\\.b|c)$``); None for any other string."""
+    found = _ALTERNATION.fullmatch(target_modules)
+    if found is None:
+        return None
+    parts = found.group(1).split("|")
+    names = [re.sub(r"\\(.)", r"\1", part, flags=re.DOTALL) for part in parts]
+    escaped = all(name and re.escape(name) == part for name, part in zip(names, parts, strict=True))
+    return names if escaped else None
 
 
 def _anything(_value: Any) -> bool:
@@ -63,8 +83,10 @@ _FREE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "use_rslora": (lambda v: isinstance(v, bool), "true or false"),
     "use_dora": (lambda v: isinstance(v, bool), "true or false"),
     "inference_mode": (lambda v: isinstance(v, bool), "true or false"),
-    "target_modules": (lambda v: (isinstance(v, str) and bool(v)) or _is_names(v),
-                       "a regular expression or a list of module names"),
+    "target_modules": (lambda v: (isinstance(v, str) and exact_names(v) is not None)
+                       or _is_names(v),
+                       "the module names as memfit writes them: ^(?:NAME|...)$ with each "
+                       "name escaped, or a list of names"),
     "modules_to_save": (lambda v: v is None or _is_names(v), "null or a list of module names"),
     # Where the adapter came from: PEFT records it, nothing is loaded from it.
     "auto_mapping": (_anything, ""),
@@ -167,6 +189,48 @@ def read_tensors(path: Path, floating_only: bool) -> dict[str, Tensor]:
     return tensors
 
 
+@dataclasses.dataclass(frozen=True)
+class Adapter:
+    """A run's ``adapter/``, read and checked without the base."""
+
+    settings: dict[str, Any]  # LoraConfig's keyword arguments
+    weights: dict[str, Tensor]  # adapter_model.safetensors
+    buffers: dict[str, Tensor] | None  # buffers.safetensors, if there
+
+
+def read_adapter(run_dir: Path, adapter_dir: Path) -> Adapter:
+    """``adapter_dir`` (in ``run_dir``), once its files passed every check that needs no
+    base: run these before building the base, which takes minutes for a large model."""
+    config_file, weights_file = adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
+    buffers_file = adapter_dir / BUFFERS_FILE
+    check_inside(run_dir, (adapter_dir, config_file, weights_file, buffers_file))
+    settings = lora_settings(config_file)
+    weights = read_tensors(weights_file, floating_only=True)
+    _check_rank(weights_file, settings["r"], weights)
+    buffers = (read_tensors(buffers_file, floating_only=False)
+               if buffers_file.is_file() else None)
+    return Adapter(settings, weights, buffers)
+
+
+def _check_rank(path: Path, rank: int, weights: dict[str, Tensor]) -> None:
+    """The file holds LoRA factors, each of rank ``r``: PEFT allocates the adapter from
+    adapter_config.json before it reads a weight, so a forged r of 10**9 would exhaust
+    memory before any shape was compared."""
+    factors = 0
+    for name, tensor in weights.items():
+        axis = (0 if name.endswith(".lora_A.weight")
+                else 1 if name.endswith(".lora_B.weight") else None)
+        if axis is None:
+            continue
+        factors += 1
+        if tensor.dim() < 2 or tensor.shape[axis] != rank:
+            raise ConfigError(f"{path}: {name!r} has shape {tuple(tensor.shape)}, not rank "
+                              f"r={rank} as {CONFIG_FILE} says")
+    if not factors:
+        raise ConfigError(f"{path}: holds no LoRA weights (no *.lora_A.weight); nothing to "
+                          "merge")
+
+
 def check_inside(run_dir: Path, paths: Iterable[Path]) -> None:
     """Each of ``paths`` (found through ``run_dir``) is really inside the run folder: a
     symlink out of it would merge someone else's file under this run's name."""
@@ -178,28 +242,16 @@ def check_inside(run_dir: Path, paths: Iterable[Path]) -> None:
 
 
 def check_targets(path: Path, target_modules: str | list[str], names: list[str]) -> None:
-    """Each module ``target_modules`` names (in ``path``) is one of the base's ``names``:
-    PEFT adapts what matches and quietly skips the rest. memfit writes an anchored
-    alternation of exact names, checked one by one; any other pattern must match
-    something; a list entry matches a name or a name's last parts, as in PEFT."""
-    if isinstance(target_modules, str):
-        exact = re.fullmatch(r"\^\(\?:(.*)\)\$", target_modules)
-        patterns = exact.group(1).split("|") if exact else [target_modules]
-        for pattern in patterns:
-            try:
-                found = any(re.fullmatch(pattern, name) for name in names)
-            except re.error as error:
-                raise ConfigError(f"{path}: target_modules is not a valid regular expression "
-                                  f"({error})") from None
-            if not found:
-                raise ConfigError(f"{path}: target_modules names {_shown(pattern)}, which "
-                                  "matches no module of the base (an adapter of another "
-                                  "model?)")
-        return
-    for entry in target_modules:
-        if not any(name == entry or name.endswith(f".{entry}") for name in names):
-            raise ConfigError(f"{path}: target_modules names {_shown(entry)}, which matches no "
-                              "module of the base (an adapter of another model?)")
+    """Each module ``target_modules`` (checked by ``lora_settings``, in ``path``) names is
+    one of the base's ``names``: PEFT adapts what matches and quietly skips the rest. An
+    exact name must be there; a list entry, as in PEFT, may also be a name's last parts."""
+    exact = exact_names(target_modules) if isinstance(target_modules, str) else None
+    present = set(names)
+    for entry in exact or target_modules:
+        if not (entry in present if exact else
+                any(name == entry or name.endswith(f".{entry}") for name in names)):
+            raise ConfigError(f"{path}: target_modules names {entry!r}, which is no module "
+                              "of the base (an adapter of another model?)")
 
 
 def check_tensors_fit(path: Path, saved: dict[str, Tensor], expected: dict[str, Tensor],
