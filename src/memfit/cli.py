@@ -276,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(handler=_command_report)
 
     env = commands.add_parser("env", help="versions, devices and which backends work here")
+    _add_debug(env)
     env.set_defaults(handler=_command_env)
     return parser
 
