@@ -97,6 +97,14 @@ def test_non_finite_adapter_values_are_refused(run: Path, value: float):
     assert_refused(run, WEIGHTS, key, "nan" if value != value else "inf")
 
 
+def test_an_update_that_overflows_the_weights_is_refused(run: Path):
+    """Finite in the file, but not once scaled and added to the base."""
+    key = a_key(run)
+    rewrite_weights(run, lambda weights: weights[key].fill_(1e30))
+    rewrite_config(run, lora_alpha=1e30)
+    assert_refused(run, "the merged model.", "nan or inf")
+
+
 def test_non_finite_buffers_are_refused(run: Path):
     save_file({"model.norm.weight": torch.tensor([1.0, float("nan")])},
               run / "adapter/buffers.safetensors")
