@@ -11,7 +11,8 @@ import json
 import os
 import shutil
 import subprocess
-import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -19,7 +20,6 @@ import torch
 import yaml
 from cli_helpers import (
     assert_one_line_error,
-    cli_env,
     run_in_process,
     tiny_run_arguments,
     tree_digest,
@@ -27,11 +27,11 @@ from cli_helpers import (
 )
 from safetensors.torch import load_file, save_file
 
-from memfit._utils.errors import ConfigError
+from memfit._utils.errors import ConfigError, MemfitError
 from memfit.checkpoint.adapter_checks import check_tensors_fit
 from memfit.config import Config
 from memfit.config.load import read_yaml
-from memfit.merge import claim_path
+from memfit.merge import claim_path, merge_run
 
 WEIGHTS, CONFIG = "adapter/adapter_model.safetensors", "adapter/adapter_config.json"
 
@@ -301,16 +301,24 @@ def test_out_on_the_runs_data_is_refused_even_with_force(run: Path, tmp_path: Pa
 # --- 6. two merges into one --out --------------------------------------------------------
 
 def test_two_merges_into_one_folder_at_once_one_wins(run: Path, tmp_path: Path):
-    out = tmp_path / "merged"
-    command = [sys.executable, "-m", "memfit", "merge", str(run), "--out", str(out)]
-    merges = [subprocess.Popen(command, cwd=tmp_path, env=cli_env(), text=True,
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-              for _ in range(2)]
-    results = [subprocess.CompletedProcess(command, merge.wait(timeout=300),
-                                           *merge.communicate()) for merge in merges]
-    assert sorted(result.returncode for result in results) == [0, 2], results
-    loser = next(result for result in results if result.returncode == 2)
-    assert_one_line_error(loser, 2, f"--out {out}")
+    """Two threads stand in for two processes (each claim is its own open file, so the
+    lock excludes them just the same) without two interpreter start-ups. Whichever way
+    they interleave, one writes and the other is refused: by the claim while the first
+    writes, or as a folder that is no longer empty once it has."""
+    out, start = tmp_path / "merged", threading.Barrier(2)
+
+    def merge_at_once() -> str:
+        start.wait()
+        try:
+            merge_run(run, out)
+        except MemfitError as error:
+            return str(error)
+        return "merged"
+
+    with ThreadPoolExecutor(2) as pool:
+        results = sorted(pool.map(lambda _: merge_at_once(), range(2)))
+    assert results[1] == "merged" and results[0] != "merged", results
+    assert f"--out {out}" in results[0] and "\n" not in results[0]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["merged", "run"]
     assert load_file(out / "model.safetensors")
 
