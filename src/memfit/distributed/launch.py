@@ -167,15 +167,17 @@ def _failed(failures: dict[int, int], outcomes: Path) -> int:
     (SIGTERM, SIGKILL 30 s later) or that failed meanwhile. A worker's own verdict (bad input,
     divergence) comes first, then a worker killed by a signal other than the agent's SIGTERM
     (the out-of-memory killer, a user's kill), as neither is caused by another worker,
-    while a crash (exit 1) may be a rank losing its peer in a collective.
+    then the first other failure but one that only followed another worker's death.
     """
     relayed = {rank: outcome for rank in failures
                if (outcome := read_outcome(outcomes, rank)) is not None}
-    verdicts = [rank for rank, outcome in relayed.items() if not outcome.stopped]
+    verdicts = [rank for rank, outcome in relayed.items()
+                if outcome.message is not None and not outcome.stopped]
     killed = [rank for rank, code in failures.items() if code < 0 and code != -signal.SIGTERM]
-    rank = (verdicts or killed or list(failures))[0]
+    causes = [rank for rank in failures if rank not in relayed or not relayed[rank].peer_lost]
+    rank = (verdicts or killed or causes or list(failures))[0]
     code = failures[rank]
-    if rank in relayed:
+    if rank in relayed and relayed[rank].message is not None:
         raise relayed[rank].as_error()
     if code < 0:
         name = signal.Signals(-code).name

@@ -5,6 +5,8 @@ its own process id, so a worker dies with it (a SIGKILLed launcher must not leav
 training, holding the run's lock), and a private folder where a worker whose run ends in
 a ``MemfitError`` (bad input, divergence, a stop on a signal) leaves that error instead of
 printing it, so the launcher prints it once for all ranks with the worker's exit status.
+Each worker also leaves its process id there: a worker whose collective fails because
+another one is gone (killed, crashed) says nothing, as the cause is the other's to tell.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,6 +28,9 @@ from memfit.training.interrupts import Interrupted
 LAUNCHER_PID = "MEMFIT_LAUNCHER_PID"
 OUTCOMES_DIR = "MEMFIT_LAUNCH_OUTCOMES"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# Seconds a failing worker waits to learn whether another one failed first (which then
+# tells the cause): far longer than a process takes to exit, short next to a job.
+PEER_PATIENCE = 3.0
 
 
 @dataclass
@@ -34,6 +40,7 @@ class Outcome:
     exit_code: int = 0
     message: str | None = None
     stopped: bool = False  # an ``Interrupted`` (a saved stop), not an error
+    peer_lost: bool = False  # failed (quietly) after another worker had died
 
     def as_error(self) -> MemfitError:
         """The error to raise in the launcher, so the CLI prints it as the worker would."""
@@ -51,6 +58,51 @@ class RelayedStop(Interrupted):
 
 def outcome_path(folder: Path, rank: int) -> Path:
     return folder / f"rank-{rank}.json"
+
+
+def _write(path: Path, text: str) -> None:
+    # Written beside, then renamed: the launcher and the other workers never read half a file.
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def _is_gone(pid: int) -> bool:
+    """True when process ``pid`` has exited (on Linux also while a zombie: its sockets are
+    closed, which is what made a collective fail, before the launcher has reaped it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+        return state in ("Z", "X")
+    except FileNotFoundError:
+        if Path("/proc/self/stat").exists():
+            return True
+    except OSError:
+        pass
+    try:  # no /proc (macOS): only an exited and reaped process counts
+        os.kill(pid, 0)
+        return False
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+
+
+def _a_peer_failed_first(folder: Path, rank: int) -> bool:
+    """True when a worker other than ``rank`` failed before this one: it left an outcome or
+    a ``.failed`` mark, or its process is gone. A peer's crash or death is what makes this
+    worker's collective fail, but the peer may still be exiting: it is waited for briefly
+    (a bug of this worker's own waits as long before its traceback)."""
+    deadline = time.monotonic() + PEER_PATIENCE
+    while True:
+        for path in folder.glob("rank-*.pid"):
+            other = path.name.removesuffix(".pid")
+            if other != f"rank-{rank}" and (
+                    (folder / f"{other}.json").exists() or (folder / f"{other}.failed").exists()
+                    or _is_gone(int(path.read_text()))):
+                return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
 
 
 def read_outcome(folder: Path, rank: int) -> Outcome | None:
@@ -76,10 +128,11 @@ def die_with_launcher() -> None:
 
 @contextmanager
 def relayed_to_launcher(debug: bool) -> Iterator[Outcome]:
-    """Around ``memfit train`` in a worker of memfit's launcher: a ``MemfitError`` is left
-    for the launcher (the outcome's ``exit_code`` is then the exit status to return)
-    instead of being printed here; anywhere else, and with ``--debug`` (every rank's
-    traceback), a no-op. Other exceptions are bugs and keep their traceback on every rank."""
+    """Around ``memfit train`` in a worker of memfit's launcher: a ``MemfitError``, or any
+    exception once another worker is gone, is left for the launcher (the outcome's
+    ``exit_code`` is then the exit status to return) instead of being printed here;
+    anywhere else, and with ``--debug`` (every rank's traceback), a no-op. Other exceptions
+    are bugs and keep their traceback."""
     outcome = Outcome()
     folder = os.environ.get(OUTCOMES_DIR)
     if folder is None or "RANK" not in os.environ:
@@ -89,13 +142,18 @@ def relayed_to_launcher(debug: bool) -> Iterator[Outcome]:
     if debug:
         yield outcome
         return
+    rank = int(os.environ["RANK"])
+    _write(Path(folder) / f"rank-{rank}.pid", str(os.getpid()))
     try:
         yield outcome
     except MemfitError as error:
         outcome.exit_code, outcome.message = error.exit_code, str(error)
         outcome.stopped = isinstance(error, Interrupted)
-        path = outcome_path(Path(folder), int(os.environ["RANK"]))
-        # Written beside, then renamed: the launcher never reads half a file.
-        partial = path.with_suffix(".partial")
-        partial.write_text(json.dumps(outcome.__dict__))
-        partial.replace(path)
+    except Exception:
+        if not _a_peer_failed_first(Path(folder), rank):
+            # A bug here: its traceback, and a mark that quiets the workers it brings down.
+            (Path(folder) / f"rank-{rank}.failed").touch()
+            raise
+        outcome.exit_code, outcome.peer_lost = 1, True
+    if outcome.exit_code:
+        _write(outcome_path(Path(folder), rank), json.dumps(outcome.__dict__))
