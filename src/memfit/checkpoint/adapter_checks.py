@@ -10,8 +10,9 @@ refused in one line naming the file, the key or field, and the value:
 
 - before the base is loaded (seconds): the folder and its files lie inside the run folder;
   ``adapter_config.json`` is a JSON object of LoRA settings memfit could have written
-  (``check_adapter_files``); the safetensors files parse, every adapter tensor is floating
-  point and every floating tensor is finite;
+  (``lora_settings``); the safetensors files parse, every adapter tensor is floating point,
+  every floating tensor is finite, and the LoRA factors have the config's rank
+  (``read_adapter``);
 - once the base is built and wrapped, before anything is written: ``target_modules`` names
   modules of the base (``check_targets``), and the adapter's tensors are exactly the ones
   that wrapping calls for, each with its shape and kind of dtype (``check_tensors_fit``).
@@ -121,9 +122,11 @@ def _empty(value: Any) -> bool:
 
 
 def _is_default(value: Any, default: Any) -> bool:
-    if isinstance(value, bool) or isinstance(default, bool):
-        return value is default  # true is not 1: PEFT tests `is True`
-    return value == default or (_empty(value) and _empty(default))
+    """``value`` means what ``default`` means (null, false and {} all mean "none")."""
+    if value is default or (_empty(value) and _empty(default)):
+        return True
+    # true is not 1: PEFT tests `init_lora_weights is True`
+    return not isinstance(value, bool) and not isinstance(default, bool) and value == default
 
 
 def _shown(value: Any) -> str:
@@ -137,7 +140,7 @@ def lora_settings(path: Path) -> dict[str, Any]:
     left empty, as a newer PEFT writes them)."""
     try:
         raw = json.loads(path.read_bytes())
-    except (OSError, UnicodeDecodeError, ValueError) as error:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         raise ConfigError(f"{path}: not a readable JSON file ({error})") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: holds {type(raw).__name__} {_shown(raw)}, not a JSON object "
