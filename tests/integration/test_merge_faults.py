@@ -233,7 +233,8 @@ def test_a_damaged_safetensors_file_is_refused(run: Path, damage: str):
 @pytest.mark.parametrize(("text", "fragment"), [
     ("", "not a readable JSON file"), ("{not json", "not a readable JSON file"),
     ("[1, 2]", "not a JSON object"), ("null", "not a JSON object"),
-    ("\"LORA\"", "not a JSON object"), pytest.param("[" * 100_000, "not a readable JSON file", id="nested-too-deep")])
+    ("\"LORA\"", "not a JSON object"),
+    pytest.param("[" * 100_000, "not a readable JSON file", id="nested-too-deep")])
 def test_a_damaged_adapter_config_is_refused(run: Path, text: str, fragment: str):
     (run / CONFIG).write_text(text)
     assert_refused(run, CONFIG, fragment)
