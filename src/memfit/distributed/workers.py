@@ -1,13 +1,13 @@
-"""The worker side of ``memfit train --nproc N`` (kept free of torch: the CLI imports it).
+"""The worker side of ``memfit train --nproc N``.
 
 The launcher (``memfit.distributed.launch``) gives each worker two environment variables:
-its own process id, so a worker dies with it (a SIGKILLed launcher must not leave workers
-training, holding the run's lock), and a private folder where a worker whose run ends in
-a ``MemfitError`` (bad input, divergence, a stop on a signal) leaves that error instead of
-printing it, so the launcher prints it once for all ranks with the worker's exit status.
-Each worker also leaves its process id there: a worker whose collective fails because
-another one is gone (killed, crashed) says nothing, as the cause is the other's to tell.
-"""
+the launcher's process id, so a worker dies with it (a SIGKILLed launcher must not leave
+workers training, holding the run's lock), and a private folder where a worker whose run
+ends in a ``MemfitError`` (bad input, divergence, a stop on a signal) leaves that error
+instead of printing it, so the launcher prints it once for all ranks with the worker's
+exit status. Each worker also leaves its process id there: a worker whose collective fails
+because another one failed first (killed, crashed) says nothing, as the cause is the
+other's to tell."""
 
 from __future__ import annotations
 
