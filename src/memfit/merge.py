@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -212,8 +213,12 @@ def _check_out(run_dir: Path, config: Config, out: Path, force: bool) -> None:
 
 
 def claim_path(out: Path) -> Path:
-    """The file whose lock a merge into ``out`` holds while it writes."""
-    return out.parent / f".{out.name}.memfit-merge.lock"
+    """The file whose lock a merge into ``out`` holds while it writes: named after ``out``,
+    or after its hash where that name would pass the 255 bytes a file name may have."""
+    name = f".{out.name}.memfit-merge.lock"
+    if len(os.fsencode(name)) > 255:
+        name = f".{hashlib.sha256(os.fsencode(out.name)).hexdigest()[:16]}.memfit-merge.lock"
+    return out.parent / name
 
 
 @contextlib.contextmanager
