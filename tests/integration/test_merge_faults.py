@@ -347,6 +347,12 @@ def test_a_link_at_the_lock_name_is_never_written_through(run: Path, tmp_path: P
     assert victim.read_text() == "mine"
 
 
+def test_the_claim_of_a_long_out_name_is_a_valid_file_name(tmp_path: Path):
+    claim = claim_path(tmp_path / ("é" * 125))  # 250 bytes: the longest a name may be, nearly
+    assert len(os.fsencode(claim.name)) <= 255 and claim.parent == tmp_path
+    os.close(os.open(claim, os.O_CREAT | os.O_WRONLY))
+
+
 # --- 7. --out that is a link -------------------------------------------------------------
 
 @pytest.mark.parametrize("target", ["folder", "dangling"])
