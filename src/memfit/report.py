@@ -4,7 +4,12 @@ The page holds the plan next to the measured memory (``memfit.plan`` on the run'
 config.yaml, for the device the run used), the memory timeline, the loss and eval
 curves, the resolved config and the summary. Images are embedded as base64 PNG data
 URIs and the style is inline, so the file opens in any browser without a server or a
-network. It is written atomically (temporary name, then rename).
+network. It is written atomically (temporary name, then rename), never through a link.
+
+A run folder is data people pass around: the report reads only what memfit wrote there
+(a folder is a run only with its ``memfit-run.json``), renders values of the wrong type
+marked instead of failing, and never imports code the run's config names (the plan is
+left out unless the user passes ``trust_code``).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
+import os
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -19,6 +26,7 @@ from typing import Any
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError, MemfitError
 from memfit._utils.folders import creation_problem
+from memfit._utils.no_follow import FILE, check_entry, check_layout, open_no_follow
 from memfit._utils.sizes import format_bytes
 from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY
 from memfit.monitor.memory_plot import plot_memory
@@ -40,31 +48,61 @@ img { max-width: 100%; }
 """
 
 
-def write_report(run_dir: Path | str, out: Path | str | None = None) -> Path:
-    """Render RUN_DIR's report to ``out`` (default RUN_DIR/report.html); returns the path."""
+def write_report(run_dir: Path | str, out: Path | str | None = None,
+                 trust_code: bool = False) -> Path:
+    """Render RUN_DIR's report to ``out`` (default RUN_DIR/report.html); returns the path.
+    ``trust_code``: plan a run whose config names code to import (``--trust-code``)."""
+    from memfit.training.run_folder import MARKER_FILE, is_run_folder
+
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"RUN_DIR {run_dir}: no config.yaml there (not a run folder)")
+    if not is_run_folder(run_dir):
+        run = run_dir.parent.parent  # a checkpoint folder given for its run?
+        hint = (f"; for a checkpoint, report its run: memfit report {run}"
+                if run_dir.parent.name == "checkpoints" and is_run_folder(run) else "")
+        raise ConfigError(f"RUN_DIR {run_dir}: not a memfit run folder (no {MARKER_FILE} "
+                          f"there){hint}")
+    # What the report reads: real files (a FIFO would block the read forever).
+    check_layout(run_dir, {"config.yaml": FILE, "summary.json": FILE, "metrics.jsonl": FILE})
     out = Path(out) if out is not None else run_dir / "report.html"
-    if out.is_dir() or (out.exists() and _GENERATOR not in out.read_text(errors="replace")[:512]):
-        raise ConfigError(f"memfit report --out {out}: that exists and is not a memfit report; "
-                          "choose a new file name")
-    problem = None if out.parent.is_dir() else creation_problem(out.parent)
-    if problem is not None:
-        raise ConfigError(f"memfit report --out {out} cannot be written: {problem}")
-    write_text(out, render_report(run_dir))
+    _check_out(out)
+    write_text(out, render_report(run_dir, trust_code))
     return out
 
 
-def render_report(run_dir: Path) -> str:
+def _check_out(out: Path) -> None:
+    """``out`` must be new or a report memfit wrote: never a link, a folder, a FIFO, a
+    user's file, or a file inside a checkpoint (whose manifest it would break)."""
+    key = f"memfit report --out {out}"
+    try:
+        exists = check_entry(out, FILE)
+    except ConfigError as error:
+        raise ConfigError(f"{key}: {error}") from None
+    if exists:
+        with os.fdopen(open_no_follow(out, os.O_RDONLY), "rb") as handle:
+            head = handle.read(512).decode("utf-8", "replace")
+        if _GENERATOR not in head:
+            raise ConfigError(f"{key}: that exists and is not a memfit report; choose a new "
+                              "file name")
+    if (out.parent / "manifest.json").is_file():
+        raise ConfigError(f"{key}: {out.parent} is a checkpoint folder, which holds only what "
+                          "its manifest.json lists; write the report elsewhere")
+    problem = None if out.parent.is_dir() else creation_problem(out.parent)
+    if problem is not None:
+        raise ConfigError(f"{key} cannot be written: {problem}")
+
+
+def render_report(run_dir: Path, trust_code: bool = False) -> str:
     summary = _read_json(run_dir / "summary.json")
-    records = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
-    config_text = (run_dir / "config.yaml").read_text()
+    records = _usable(read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else [])
+    config_text = (run_dir / "config.yaml").read_text(errors="replace")
     device = str(summary.get("device", "cpu")) if summary else "cpu"
     sections = [
         f"<h1>memfit run {html.escape(run_dir.resolve().name)}</h1>",
         "<h2>Summary</h2>", _summary_table(summary),
-        "<h2>Memory: plan and measured</h2>", _plan_section(run_dir, summary, device),
+        "<h2>Memory: plan and measured</h2>", _plan_section(run_dir, summary, device,
+                                                            trust_code),
         "<h2>Memory over the steps</h2>", _memory_timeline(records),
         "<h2>Loss</h2>", _loss_curves(records),
         "<h2>Resolved configuration (config.yaml)</h2>",
@@ -74,6 +112,26 @@ def render_report(run_dir: Path) -> str:
     return (f"<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">{_GENERATOR}"
             f"<title>memfit run {html.escape(run_dir.resolve().name)}</title>"
             f"<style>{_STYLE}</style></head>\n<body>\n{body}\n</body></html>\n")
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def _usable(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The records with an integer step, each with only its numeric values: a hand-edited
+    metrics.jsonl ("loss": "x") leaves gaps in the curves, never a traceback."""
+    return [{key: value for key, value in record.items() if _is_number(value)}
+            for record in records
+            if isinstance(record.get("step"), int) and not isinstance(record["step"], bool)]
+
+
+def _bytes_text(value: Any) -> str:
+    """A byte count as memfit shows it; anything else marked, as found."""
+    if _is_number(value) and value >= 0:
+        return format_bytes(value)
+    return f"{json.dumps(value)[:40]} (not a byte count)"
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -111,20 +169,22 @@ def _summary_table(summary: dict[str, Any] | None) -> str:
                      "curves below show what it logged")
     rows = []
     for key, value in summary.items():
-        in_bytes = key.startswith("memory_")  # memory_peak_bytes, memory_peak_by_category
+        in_bytes = key.startswith("memory_") and key.endswith(("_bytes", "_by_category"))
         if isinstance(value, dict):
-            value = ", ".join(f"{k} {format_bytes(v) if in_bytes else v}"
+            value = ", ".join(f"{k} {_bytes_text(v) if in_bytes else v}"
                               for k, v in value.items())
-        elif in_bytes and isinstance(value, int):
-            value = format_bytes(value)
+        elif in_bytes and value is not None:
+            value = _bytes_text(value)
         elif isinstance(value, float):
             value = f"{value:.4g}"
         rows.append([key, str(value)])
     return _table(["key", "value"], rows)
 
 
-def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str) -> str:
+def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str,
+                  trust_code: bool = False) -> str:
     import memfit
+    from memfit.config.code_trust import TRUST_FLAG, code_references
     from memfit.plan.planner import load_plan_config
     from memfit.plan.report import format_plan
     from memfit.training.fit import example_batch
@@ -132,21 +192,31 @@ def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str) ->
     plan_device = "cuda" if device.startswith("cuda") else "cpu"
     try:
         config = load_plan_config(run_dir / "config.yaml", [])
+        references = code_references(config)
+        if references and not trust_code:
+            # Planning builds the model: it would import the factory named in a run folder.
+            key, reference = references[0]
+            return _note(f"no plan: the run's config.yaml names code to import ({key}="
+                         f"{reference}); memfit report runs code named by a run folder only "
+                         f"with {TRUST_FLAG}")
         # A factory or image model is traced on a batch of its data, as `memfit plan` does.
         plan = memfit.plan(config, config.memory.budget or _NO_BUDGET, device=plan_device,
                            example_batch=example_batch(config))
     except MemfitError as error:  # e.g. data.path moved since the run
         return _note(f"no plan: {error}")
     estimate = plan.config
-    measured = (summary or {}).get("memory_peak_by_category", {})
+    summary = summary or {}
+    measured = summary.get("memory_peak_by_category")
+    measured = measured if isinstance(measured, dict) else {}
     rows = []
     for category in CATEGORIES:
         rows.append([category, format_bytes(estimate.bytes[category]),
-                     format_bytes(measured[category]) if category in measured else "-"])
-    peak = (summary or {}).get("memory_peak_bytes")
-    error = (f"{(estimate.peak_tensor_bytes - peak) / peak:+.1%}" if peak else "-")
+                     _bytes_text(measured[category]) if category in measured else "-"])
+    peak = summary.get("memory_peak_bytes")
+    usable = _is_number(peak) and peak > 0
+    error = f"{(estimate.peak_tensor_bytes - peak) / peak:+.1%}" if usable else "-"
     rows.append(["peak (tensors)", format_bytes(estimate.peak_tensor_bytes),
-                 format_bytes(peak) if peak else "-"])
+                 "-" if peak is None else _bytes_text(peak)])
     overhead = (f" With the CUDA context and allocator slack the plan is "
                 f"{format_bytes(estimate.device_bytes)}." if plan_device == "cuda" else "")
     parts = [_table(["category", f"plan (device={plan_device})", "measured"], rows),

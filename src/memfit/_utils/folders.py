@@ -1,11 +1,15 @@
 """Can a folder be created here? Asked before any work whose result goes there, so a
-long job never ends by failing to write."""
+long job never ends by failing to write. And the marker a memfit run folder carries."""
 
 from __future__ import annotations
 
 import os
 import tempfile
 from pathlib import Path
+
+# Written into a run folder when memfit creates it (memfit.training.run_folder); what makes
+# a folder a memfit run, here so that data readers can skip run folders too.
+RUN_MARKER = "memfit-run.json"
 
 
 def _nearest_existing(path: Path) -> Path:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from memfit._utils.atomic import write_text
+from memfit._utils.no_follow import open_no_follow
 
 # How much of a failed case's output its error keeps: enough for a traceback.
 OUTPUT_TAIL_CHARS = 3000
@@ -49,13 +51,15 @@ def run_in_own_process(arguments: Sequence[str], result: Path, log: Path | None 
     wrote. Its stdout and stderr go to ``log`` when given; otherwise its stderr is kept
     only for the error. Raises CaseFailed."""
     result.unlink(missing_ok=True)  # a previous run's result must not pass for this one's
+    # (a link there is removed itself)
     command = [sys.executable, *arguments]
     if log is None:
         done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
         output = done.stderr
     else:
         log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as stream:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC  # never truncating a link's target
+        with os.fdopen(open_no_follow(log, flags), "w") as stream:
             done = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, env=env,
                                   check=False)
         output = log.read_text(errors="replace")

@@ -10,6 +10,11 @@ every suite fills the whole table. Files under ``out``: ``bench.md`` (the tables
 ``results.json`` (every record, the plans, the notes), ``memory.png`` (stacked peak by
 category, with the plan's estimate), ``loss.png``, ``memory_over_steps.png``,
 ``runs/<case>/`` (memfit's run folders: ``memfit report`` works on them) and ``logs/``.
+
+``out`` must be a new or empty folder, or one ``memfit bench`` made before (it carries
+``memfit-bench.json``): anything else is refused before any case runs, so a user's own
+results.json or runs/ are never replaced. In a bench folder nothing is written through a
+link (see memfit._utils.no_follow).
 """
 
 from __future__ import annotations
@@ -17,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,6 +32,8 @@ import torch
 
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError, MemfitError
+from memfit._utils.folders import creation_problem
+from memfit._utils.no_follow import FILE, FOLDER, check_layout, link_message, remove_entry
 from memfit.bench import plots
 from memfit.bench.cases import BASELINE, Case, select
 from memfit.bench.models import BenchModel, bench_model, materialize
@@ -39,6 +45,13 @@ from memfit.monitor.memory import RECORD_PEAK_KEY
 # suite -> default optimizer steps per case. memory: every step measured; the others
 # measure every k-th step (``memory_every``) and time the rest.
 SUITES = {"memory": 3, "speed": 20, "quality": 60, "all": 60}
+# Written into ``out`` when a bench first uses it: a folder with it is one bench may rewrite.
+BENCH_MARKER = "memfit-bench.json"
+# What a bench writes in ``out`` (per case: specs/<case>.json, results/<case>.json,
+# logs/<case>.log, runs/<case>/; model/<name>/ for a random-init model).
+_LAYOUT = {BENCH_MARKER: FILE, "bench.md": FILE, "results.json": FILE, "memory.png": FILE,
+           "loss.png": FILE, "memory_over_steps.png": FILE, "specs": FOLDER, "results": FOLDER,
+           "logs": FOLDER, "runs": FOLDER, "model": FOLDER}
 
 
 @dataclass(frozen=True)
@@ -113,6 +126,33 @@ def _plan_bytes(mapping: dict[str, Any], device: torch.device) -> int | None:
         return None
 
 
+def claim_out_folder(out: Path, cases: list[Case], model: str) -> None:
+    """Make ``out`` this bench's, before any case runs: a new or empty folder, or one a
+    bench made before; ConfigError naming what is there otherwise, or when one of the
+    entries a bench writes is a link or of the wrong kind."""
+    key = f"memfit bench --out {out}"
+    if out.is_symlink():
+        raise ConfigError(f"{key}: {link_message(out)}")
+    if out.exists():
+        if not out.is_dir():
+            raise ConfigError(f"{key} is a file, not a folder; choose a new or empty folder")
+        contents = sorted(path.name for path in out.iterdir())
+        if contents and not (out / BENCH_MARKER).is_file():
+            shown = ", ".join(contents[:3]) + (", ..." if len(contents) > 3 else "")
+            raise ConfigError(f"{key} already exists and is not a memfit bench folder (it holds "
+                              f"{shown}, but no {BENCH_MARKER}); choose a new or empty folder")
+    else:
+        problem = creation_problem(out)
+        if problem is not None:
+            raise ConfigError(f"{key} cannot be created: {problem}")
+    names = [slug(case.name) for case in cases]
+    check_layout(out, {**_LAYOUT, f"model/{model}": FOLDER,
+                       **{f"specs/{name}.json": FILE for name in names},
+                       **{f"results/{name}.json": FILE for name in names},
+                       **{f"logs/{name}.log": FILE for name in names}})
+    write_text(out / BENCH_MARKER, json.dumps({"written_by": "memfit bench"}))
+
+
 def _spawn(case: Case, mapping: dict[str, Any], out: Path) -> list[dict[str, Any]]:
     """Run one case in a child process and return its records. Raises CaseFailed."""
     name = slug(case.name)
@@ -143,6 +183,7 @@ def run_bench(suite: str = "all", model: str = "demo-base", out: Path | str = "b
     settings = bench_model(model, device)
     chosen = select(cases)
     out = Path(out)
+    claim_out_folder(out, chosen, model)
     folder, data = materialize(model, out)
     base = base_mapping(settings, folder, data, steps, memory_every(suite, steps))
 
@@ -156,8 +197,9 @@ def run_bench(suite: str = "all", model: str = "demo-base", out: Path | str = "b
             outcomes.append(CaseOutcome(case, [], None, note))
             on_progress(f"[{index}/{len(chosen)}] {case.name}: {note}")
             continue
-        # A previous bench's run of this case: memfit.train refuses to overwrite a run.
-        shutil.rmtree(run_dir, ignore_errors=True)
+        # A previous bench's run of this case: memfit.train refuses to overwrite a run. In a
+        # bench folder the name is bench's own; a link there is removed itself.
+        remove_entry(run_dir)
         case_started = time.perf_counter()
         try:
             records, note = _spawn(case, mapping, out), None

@@ -3,12 +3,12 @@ the half-written staging folders a killed save leaves behind."""
 
 from __future__ import annotations
 
-import shutil
 import sys
 from pathlib import Path
 
 from memfit._utils.atomic import leftovers_of
 from memfit._utils.errors import CheckpointError
+from memfit._utils.no_follow import own_folder, remove_entry
 from memfit.checkpoint.manifest import STEP_FOLDER, DamagedCheckpoint, verify_checkpoint
 
 # What a killed save leaves in checkpoints/ (memfit._utils.atomic); nothing else there is
@@ -16,13 +16,28 @@ from memfit.checkpoint.manifest import STEP_FOLDER, DamagedCheckpoint, verify_ch
 _STAGING_FOLDER = leftovers_of(r"step-\d+")
 
 
-def checkpoint_folders(run_dir: Path) -> list[Path]:
-    """The ``checkpoints/step-N`` folders of ``run_dir``, oldest first, intact or not."""
+def checkpoints_root(run_dir: Path) -> Path:
+    """``run_dir/checkpoints``, created if missing. ConfigError when it is a link (or not a
+    folder): saving, pruning and cleaning up would then happen in whatever it points at."""
+    return own_folder(run_dir / "checkpoints")
+
+
+def _real_root(run_dir: Path) -> Path | None:
+    """``run_dir/checkpoints`` when it is a real folder. A link there is not memfit's: no
+    checkpoint is read or cleaned up through it (a run refuses it before writing)."""
     root = run_dir / "checkpoints"
-    if not root.is_dir():
+    return root if root.is_dir() and not root.is_symlink() else None
+
+
+def checkpoint_folders(run_dir: Path) -> list[Path]:
+    """The ``checkpoints/step-N`` folders of ``run_dir``, oldest first, intact or not. A
+    link named ``step-N`` is not one: a checkpoint is a folder memfit wrote there."""
+    root = _real_root(run_dir)
+    if root is None:
         return []
     found = [(int(match.group(1)), path) for path in root.iterdir()
-             if (match := STEP_FOLDER.match(path.name)) and path.is_dir()]
+             if (match := STEP_FOLDER.match(path.name)) and path.is_dir()
+             and not path.is_symlink()]
     return [path for _, path in sorted(found)]
 
 
@@ -50,11 +65,11 @@ def newest_intact_checkpoint(run_dir: Path) -> Path | None:
 def remove_stale_staging(run_dir: Path) -> list[Path]:
     """Remove what a killed save left in ``checkpoints/`` (staging folders only); returns
     what was removed. Call only while holding the run: a live run's save is staged too."""
-    root = run_dir / "checkpoints"
-    if not root.is_dir():
+    root = _real_root(run_dir)
+    if root is None:
         return []
     stale = [path for path in sorted(root.iterdir())
              if _STAGING_FOLDER.match(path.name) and path.is_dir() and not path.is_symlink()]
     for path in stale:
-        shutil.rmtree(path)
+        remove_entry(path)
     return stale

@@ -43,6 +43,7 @@ from memfit._utils.atomic import staged_folder
 from memfit._utils.errors import CheckpointError, ConfigError
 from memfit._utils.weights_only import load_weights_only
 from memfit.checkpoint import index
+from memfit.checkpoint.folders import checkpoints_root
 from memfit.checkpoint.manifest import CheckpointKind, Manifest, verify_checkpoint, write_manifest
 from memfit.distributed import checkpoint as sharded_checkpoint
 from memfit.distributed.fsdp import is_sharded
@@ -103,7 +104,7 @@ def _save_torch(value, path: Path) -> None:
 
 def save_checkpoint(run_dir: Path, state: TrainerState, model: nn.Module, optimizer, scheduler,
                     scaler, keep: int) -> Path:
-    root = run_dir / "checkpoints"
+    root = checkpoints_root(run_dir)  # never a link: index.json and pruning live there
     final = root / f"step-{state.step}"
     index.refuse_foreign(final)  # on every rank, so that all of them stop
     sharded = is_sharded(model)

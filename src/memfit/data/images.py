@@ -1,10 +1,10 @@
 """The "images" format: image files and arrays -> ``images`` (and ``targets``) tensors.
 
-``data.path`` is one file or a folder (searched recursively, hidden entries skipped) of
-PNG/JPEG/BMP/TIFF images (decoded with Pillow) and ``.npy``/``.npz`` arrays. An array is
-one image, (H, W) or (H, W, C), or a stack, (N, H, W) or (N, H, W, C), channels last with
-C in 1, 3, 4 (a 3-D array whose last size is one of those and smaller than the other
-two is one image); every array of an ``.npz`` file is read.
+``data.path`` is one file or a folder (searched recursively; hidden entries and memfit run
+folders skipped) of PNG/JPEG/BMP/TIFF images (decoded with Pillow) and ``.npy``/``.npz``
+arrays. An array is one image, (H, W) or (H, W, C), or a stack, (N, H, W) or
+(N, H, W, C), channels last with C in 1, 3, 4 (a 3-D array whose last size is one of those
+and smaller than the other two is one image); every array of an ``.npz`` file is read.
 
 Each image goes, in this order: to float intensities in [0, 1] (``normalize``), to the
 configured channels (RGB -> gray by ITU-R BT.601 luminance, alpha dropped), to
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from memfit._utils.errors import ConfigError, DataError
+from memfit._utils.folders import RUN_MARKER
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".tif", ".tiff")
 ARRAY_EXTENSIONS = (".npy", ".npz")
@@ -84,7 +85,10 @@ def image_files(path: str, key: str = "data.path") -> list[str]:
     if os.path.isdir(path):
         files = []
         for folder, subfolders, names in os.walk(path):
-            subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+            # A memfit run folder's plots are no training images (a run is refused inside
+            # its data folder; one made there before, or copied in, is skipped).
+            subfolders[:] = [name for name in subfolders if not name.startswith(".")
+                             and not os.path.isfile(os.path.join(folder, name, RUN_MARKER))]
             files += [os.path.join(folder, name) for name in names if not name.startswith(".")
                       and _extension(name) in IMAGE_EXTENSIONS + ARRAY_EXTENSIONS]
         files.sort()

@@ -4,19 +4,19 @@ Both read what ``StepMemory.to_record()`` writes (``memory_peak_bytes``,
 ``memory_<category>_bytes``, optional ``memory_budget_bytes``); records without
 ``memory_peak_bytes`` (evaluation lines, unmeasured steps) are skipped. Figures are drawn
 on an Agg canvas without pyplot (no global backend or figure state) and written
-atomically: to a temporary name in the destination folder, then ``os.replace``.
+atomically (``memfit._utils.atomic.replace_file``): never through a link, with the mode a
+plain ``open()`` gives.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from memfit._utils.atomic import replace_file
 from memfit.monitor.memory import (
     CATEGORIES,
     RECORD_BUDGET_KEY,
@@ -44,16 +44,8 @@ def byte_unit(largest: float) -> tuple[str, int]:
 
 def save_png(figure: Figure, path: Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(figure)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            figure.savefig(stream, format="png", dpi=100)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    replace_file(path, lambda stream: figure.savefig(stream, format="png", dpi=100))
     return path
 
 

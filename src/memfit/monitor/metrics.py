@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError
+from memfit._utils.no_follow import open_no_follow, own_folder
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -47,14 +49,17 @@ class MetricsLogger:
         self.path = run_dir / METRICS_FILE
         if resume_from_step is not None:
             truncate_metrics(run_dir, resume_from_step)
-        self._file = self.path.open("a", encoding="utf-8")
+        # Never through a link: appending would write into whatever file it points at.
+        self._file = os.fdopen(open_no_follow(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT),
+                               "a", encoding="utf-8")
         self._writer = None
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
             # purge_step: TensorBoard hides this folder's events at or after that step.
             purge = None if resume_from_step is None else resume_from_step + 1
-            self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=purge)
+            events = own_folder(run_dir / "tensorboard")  # a link to a folder is refused
+            self._writer = SummaryWriter(log_dir=str(events), purge_step=purge)
 
     def log(self, record: dict[str, Any]) -> None:
         self._file.write(strict_json(record) + "\n")

@@ -19,7 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
+import stat
 import sys
 import time
 from pathlib import Path
@@ -27,36 +27,60 @@ from pathlib import Path
 import memfit
 from memfit._utils.atomic import leftovers_of, write_text
 from memfit._utils.errors import ConfigError
-from memfit._utils.folders import creation_problem
+from memfit._utils.folders import RUN_MARKER, creation_problem
+from memfit._utils.no_follow import (
+    FILE,
+    FOLDER,
+    check_layout,
+    link_message,
+    open_no_follow,
+    remove_entry,
+)
 from memfit.checkpoint.folders import checkpoint_folders
 
-MARKER_FILE = "memfit-run.json"
+MARKER_FILE = RUN_MARKER
 LOCK_FILE = ".memfit.lock"
 # What a run writes before its first checkpoint: removed when such a run starts again.
 _WRITTEN_BEFORE_FIRST_CHECKPOINT = ("config.yaml", "data.json", "adapters.txt", "adapters.json",
                                     "metrics.jsonl", "tensorboard", "memory.png", "checkpoints")
+# Every entry memfit writes in a run folder (a folder before what it holds): each must be
+# the real file or folder, never a link, before a run writes there (memfit.report writes
+# report.html; checkpoints/step-N folders are checkpoint.folders').
+RUN_LAYOUT = {LOCK_FILE: FILE, MARKER_FILE: FILE, "config.yaml": FILE, "data.json": FILE,
+              "adapters.txt": FILE, "adapters.json": FILE, "metrics.jsonl": FILE,
+              "summary.json": FILE, "memory.png": FILE, "report.html": FILE,
+              "tensorboard": FOLDER, "checkpoints": FOLDER, "checkpoints/index.json": FILE,
+              "adapter": FOLDER, "model": FOLDER}
 
 
 def is_run_folder(folder: Path) -> bool:
-    """A folder memfit made (older runs have no marker but always a config and metrics)."""
-    return (folder / MARKER_FILE).is_file() or (
-        (folder / "config.yaml").is_file() and (folder / "metrics.jsonl").is_file())
+    """A folder memfit made: it carries the marker memfit wrote when it created the run (a
+    regular file, not a link to one). Files named like a run's (config.yaml,
+    metrics.jsonl, checkpoints/) do not make a folder a run: another tool writes those
+    names too, and memfit would then replace or delete that tool's files."""
+    try:
+        return stat.S_ISREG(os.lstat(folder / MARKER_FILE).st_mode)
+    except OSError:  # missing, or folder is no folder
+        return False
 
 
 def _has_progress(folder: Path) -> bool:
     """True once a run has something worth resuming or keeping: a checkpoint or a result."""
     results = ("summary.json", "adapter", "model")
-    return bool(checkpoint_folders(folder)) or any((folder / name).exists() for name in results)
+    return bool(checkpoint_folders(folder)) or any(
+        os.path.lexists(folder / name) for name in results)
 
 
 def check_new_run_folder(output_dir: str | None) -> None:
     """Refuse, before anything is built or written, a ``train.output_dir`` that a new run
-    could not own: a file, a folder holding other things, a run with progress, or a path
-    that cannot be created."""
+    could not own: a link, a file, a folder holding other things, a run with progress, or
+    a path that cannot be created."""
     if not output_dir:
         return
     folder = Path(output_dir)
     key = f"train.output_dir={output_dir}"
+    if folder.is_symlink():  # the lock, the marker and every file would land in its target
+        raise ConfigError(f"{key}: {link_message(folder)}")
     if folder.exists():
         if not folder.is_dir():
             raise ConfigError(f"{key} is a file, not a folder; choose a new or empty folder")
@@ -69,11 +93,24 @@ def check_new_run_folder(output_dir: str | None) -> None:
         if contents:
             shown = ", ".join(contents[:3]) + (", ..." if len(contents) > 3 else "")
             raise ConfigError(f"{key} already exists and is not a memfit run folder (it holds "
-                              f"{shown}); choose a new or empty folder")
+                              f"{shown}, but no {MARKER_FILE}); choose a new or empty folder")
         return
     problem = creation_problem(folder)
     if problem is not None:
         raise ConfigError(f"{key} cannot be created: {problem}")
+
+
+def refuse_run_inside_data(output_dir: str | None, data_paths: dict[str, str | None]) -> None:
+    """A new run's folder inside a data folder (``{key: path}``) would be read back as data
+    by the next run (format "images" walks its folder's subfolders: memory.png is an image)
+    and would change the data's fingerprint, so no resume would be accepted."""
+    folder = Path(output_dir) if output_dir else Path("runs")
+    named = (f"train.output_dir={output_dir}" if output_dir
+             else "the default run folder runs/ (train.output_dir unset)")
+    for key, data in data_paths.items():
+        if data and Path(data).is_dir() and folder.resolve().is_relative_to(Path(data).resolve()):
+            raise ConfigError(f"{named} is inside {key} {data}: the run's files would be read "
+                              f"as data; choose a train.output_dir outside {data}")
 
 
 class RunFolder:
@@ -82,10 +119,12 @@ class RunFolder:
     def __init__(self, path: Path):
         self.path = path
         try:
-            handle = (path / LOCK_FILE).open("a+")
+            # O_NOFOLLOW: a lock file linked to a user's file must not be truncated below.
+            descriptor = open_no_follow(path / LOCK_FILE, os.O_RDWR | os.O_CREAT)
         except OSError as error:  # a read-only mount, a folder that is not ours
             raise ConfigError(f"{path} cannot be written ({error.strerror}); a run needs its "
                               "folder writable to record progress") from None
+        handle = os.fdopen(descriptor, "r+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -112,6 +151,8 @@ def _make_folder(output_dir: str | None) -> Path:
         folder = Path(output_dir)
         with contextlib.suppress(FileExistsError):  # empty, or a run to restart: checked
             folder.mkdir(parents=True)
+        if folder.is_symlink():  # made since check_new_run_folder looked
+            raise ConfigError(f"train.output_dir={output_dir}: {link_message(folder)}")
         return folder
     stem = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
     stem.parent.mkdir(parents=True, exist_ok=True)
@@ -133,6 +174,7 @@ def create_run_folder(output_dir: str | None) -> RunFolder:
         check_new_run_folder(output_dir)  # again, now under the lock
         if is_run_folder(folder):
             _remove_unfinished_start(folder)
+        check_layout(folder, RUN_LAYOUT)
         write_text(folder / MARKER_FILE, json.dumps(
             {"memfit_version": memfit.__version__,
              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
@@ -146,11 +188,9 @@ def _remove_unfinished_start(folder: Path) -> None:
     print(f"memfit: {folder} holds a run that stopped before its first checkpoint; "
           "starting it again", file=sys.stderr)
     for name in _WRITTEN_BEFORE_FIRST_CHECKPOINT:
-        path = folder / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
+        # The run's own record is discarded anyway: a link planted under one of these
+        # names is removed itself (its target is left alone), so the restart can proceed.
+        remove_entry(folder / name)
 
 
 # What a kill leaves of the run folder's own atomic writes: the export being staged or
@@ -159,17 +199,16 @@ _STALE_STAGING = leftovers_of(r"adapter|model|[\w-]+\.(?:json|jsonl|yaml|txt)")
 
 
 def open_run_folder(path: str | Path) -> RunFolder:
-    """Lock an existing run folder for ``--resume`` and remove what a killed export left."""
+    """Lock an existing run folder for ``--resume`` and remove what a killed export left;
+    ConfigError, before anything is written, when one of memfit's entries in it is a link
+    or of the wrong kind."""
     folder = Path(path)
     if not folder.is_dir() or not is_run_folder(folder):
-        raise ConfigError(f"--resume {path}: not a memfit run folder (no {MARKER_FILE} or "
-                          "config.yaml there)")
+        raise ConfigError(f"--resume {path}: not a memfit run folder (no {MARKER_FILE} there)")
+    check_layout(folder, RUN_LAYOUT)
     run = RunFolder(folder)
     for stale in folder.iterdir():
-        if not _STALE_STAGING.match(stale.name) or stale.is_symlink():
-            continue
-        if stale.is_dir():
-            shutil.rmtree(stale)
-        else:
-            stale.unlink()
+        # A link under a staging name is not what a killed save left: left alone.
+        if _STALE_STAGING.match(stale.name) and not stale.is_symlink():
+            remove_entry(stale)
     return run
