@@ -65,8 +65,9 @@ def resume(run: Path, tmp_path: Path, *overrides: str):
 # --- resume: every entry memfit writes, linked to a file or folder outside ---------------
 
 @pytest.mark.parametrize("name", [".memfit.lock", "config.yaml", "metrics.jsonl", "data.json",
-                                  "summary.json", "memory.png", "checkpoints/index.json",
-                                  "tensorboard", "checkpoints", "model"])
+                                  "base.json", "summary.json", "memory.png",
+                                  "checkpoints/index.json", "tensorboard", "checkpoints",
+                                  "model"])
 def test_resume_never_writes_through_a_link(tmp_path: Path, finished: Path, name: str):
     run = copy_run(finished, tmp_path)
     target = link_outside(run, name, tmp_path)

@@ -172,6 +172,20 @@ def test_bench_refuses_a_folder_it_did_not_make(tmp_path: Path):
     assert tree_digest(tmp_path) == before
 
 
+def test_bench_reuses_a_folder_it_made(tmp_path: Path):
+    out = tmp_path / "bench"
+    (out / "runs" / "memfit-lora").mkdir(parents=True)  # an earlier bench's run of the case
+    (out / "runs" / "memfit-lora" / "metrics.jsonl").write_text('{"step": 9}\n')
+    (out / "memfit-bench.json").write_text("{}")
+    (out / "my-notes.md").write_text("mine")
+    result = run_in_process(*BENCH, "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (out / "my-notes.md").read_text() == "mine"
+    steps = [json.loads(line)["step"] for line in
+             (out / "runs" / "memfit-lora" / "metrics.jsonl").read_text().splitlines()]
+    assert 9 not in steps and (out / "bench.md").is_file()
+
+
 @pytest.mark.parametrize("where", ["out", "runs", "logs", "results.json"])
 def test_bench_never_writes_through_a_link(tmp_path: Path, where: str):
     out = tmp_path / "bench"

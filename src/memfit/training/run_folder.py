@@ -37,16 +37,17 @@ from memfit._utils.no_follow import (
     remove_entry,
 )
 from memfit.checkpoint.folders import checkpoint_folders
+from memfit.checkpoint.state import RUN_RECORDS
 
 MARKER_FILE = RUN_MARKER
 LOCK_FILE = ".memfit.lock"
 # What a run writes before its first checkpoint: removed when such a run starts again.
-_WRITTEN_BEFORE_FIRST_CHECKPOINT = ("config.yaml", "data.json", "adapters.txt", "adapters.json",
+_WRITTEN_BEFORE_FIRST_CHECKPOINT = (*RUN_RECORDS, "adapters.txt", "adapters.json",
                                     "metrics.jsonl", "tensorboard", "memory.png", "checkpoints")
 # Every entry memfit writes in a run folder (a folder before what it holds): each must be
 # the real file or folder, never a link, before a run writes there (memfit.report writes
 # report.html; checkpoints/step-N folders are checkpoint.folders').
-RUN_LAYOUT = {LOCK_FILE: FILE, MARKER_FILE: FILE, "config.yaml": FILE, "data.json": FILE,
+RUN_LAYOUT = {LOCK_FILE: FILE, MARKER_FILE: FILE, **dict.fromkeys(RUN_RECORDS, FILE),
               "adapters.txt": FILE, "adapters.json": FILE, "metrics.jsonl": FILE,
               "summary.json": FILE, "memory.png": FILE, "report.html": FILE,
               "tensorboard": FOLDER, "checkpoints": FOLDER, "checkpoints/index.json": FILE,
