@@ -31,6 +31,8 @@ class FaultOnRankOne(Regression):
             return loss
         if self.fault == "nan":
             return loss * math.nan
+        if self.fault != "sigterm":
+            return loss
         marker = Path("signalled")  # once per folder: the resumed run is not signalled again
         if not marker.exists():
             marker.touch()

@@ -208,7 +208,7 @@ def load_checkpoint(folder: Path, model: nn.Module, optimizer, scheduler, scaler
         sharded_checkpoint.load(folder, manifest.files, model, optimizer)
     elif is_sharded(model):
         raise ConfigError(f"{folder} was written without distributed.strategy=fsdp; resume "
-                          "it with distributed.strategy=none")
+                          "it with distributed.strategy=none or ddp")
     else:
         _copy_into(folder, "trainable.safetensors",
                    _safetensors_file(folder, manifest, "trainable.safetensors"),

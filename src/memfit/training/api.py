@@ -104,8 +104,11 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
     choice = None
     if config.memory.auto and resume is None:  # a resumed run keeps what was chosen
         config, choice = auto_fit(config)
-        print(f"memfit: memory.auto chose {choice['strategy']}: {choice['reason']}",
-              file=sys.stderr)
+        # One write: under --nproc every rank prints it, and print's separate newline
+        # lets another rank's line land in between.
+        sys.stderr.write(f"memfit: memory.auto chose {choice['strategy']}: "
+                         f"{choice['reason']}\n")
+        sys.stderr.flush()
     folder = run = None
     try:
         if resume is not None:
