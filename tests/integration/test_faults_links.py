@@ -91,6 +91,17 @@ def test_the_lock_file_is_opened_without_following_a_link(tmp_path: Path):
     assert mine.read_text() == "years of notes"
 
 
+def test_a_hard_linked_lock_file_is_never_truncated(tmp_path: Path, finished: Path):
+    run = copy_run(finished, tmp_path)
+    mine = tmp_path / "notes.txt"
+    mine.write_text("years of notes")
+    (run / ".memfit.lock").unlink()
+    os.link(mine, run / ".memfit.lock")
+    result = resume(run, tmp_path, "train.max_steps=6")
+    assert_one_line_error(result, 2, str(run / ".memfit.lock"), "hard-linked")
+    assert mine.read_text() == "years of notes"
+
+
 def test_a_fifo_where_memfit_keeps_a_file_is_one_line(tmp_path: Path, finished: Path):
     run = copy_run(finished, tmp_path)
     (run / "metrics.jsonl").unlink()

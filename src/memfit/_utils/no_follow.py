@@ -70,7 +70,9 @@ def check_layout(root: Path, entries: Mapping[str, str]) -> None:
 
 def open_no_follow(path: Path, flags: int, mode: int = 0o666) -> int:
     """``os.open`` that refuses a link (``O_NOFOLLOW``) and anything but a regular file, in
-    one line; ``mode`` is masked by the umask as with a plain ``open()``."""
+    one line; ``mode`` is masked by the umask as with a plain ``open()``. Opened for
+    writing, a file with other (hard-linked) names is refused too: writing it in place
+    would change the file behind those names."""
     # O_NONBLOCK: opening a FIFO for writing would otherwise wait for a reader forever.
     try:
         descriptor = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode)
@@ -81,11 +83,14 @@ def open_no_follow(path: Path, flags: int, mode: int = 0o666) -> int:
             raise ConfigError(f"{path} is a FIFO, where memfit keeps its own file; move it "
                               "away") from None
         raise
-    found = os.fstat(descriptor).st_mode
-    if not stat.S_ISREG(found):
+    found = os.fstat(descriptor)
+    problem = None if stat.S_ISREG(found.st_mode) else _kind_of(found.st_mode)
+    if problem is None and flags & (os.O_WRONLY | os.O_RDWR) and found.st_nlink > 1:
+        problem = f"a file with {found.st_nlink - 1} other hard-linked name(s)"
+    if problem is not None:
         os.close(descriptor)
-        raise ConfigError(f"{path} is {_kind_of(found)}, where memfit keeps its own file; "
-                          "move it away")
+        raise ConfigError(f"{path} is {problem}, where memfit keeps its own file; move it "
+                          "away")
     fcntl.fcntl(descriptor, fcntl.F_SETFL,
                 fcntl.fcntl(descriptor, fcntl.F_GETFL) & ~os.O_NONBLOCK)
     return descriptor
