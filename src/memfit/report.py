@@ -25,7 +25,7 @@ from typing import Any
 
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError, MemfitError
-from memfit._utils.folders import creation_problem
+from memfit._utils.folders import creation_problem, enclosing_checkpoint
 from memfit._utils.no_follow import FILE, check_entry, check_layout, open_no_follow
 from memfit._utils.sizes import format_bytes
 from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY
@@ -85,8 +85,9 @@ def _check_out(out: Path) -> None:
         if _GENERATOR not in head:
             raise ConfigError(f"{key}: that exists and is not a memfit report; choose a new "
                               "file name")
-    if (out.parent / "manifest.json").is_file():
-        raise ConfigError(f"{key}: {out.parent} is a checkpoint folder, which holds only what "
+    checkpoint = enclosing_checkpoint(out.parent)
+    if checkpoint is not None:
+        raise ConfigError(f"{key}: {checkpoint} is a checkpoint folder, which holds only what "
                           "its manifest.json lists; write the report elsewhere")
     problem = None if out.parent.is_dir() else creation_problem(out.parent)
     if problem is not None:

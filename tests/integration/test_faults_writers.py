@@ -78,6 +78,24 @@ def test_report_refuses_a_checkpoint_folder(lora_run: Path, tmp_path: Path):
     assert tree_digest(run) == before
 
 
+@pytest.mark.parametrize("command", ["train", "bench", "report"])
+def test_nothing_is_written_inside_a_checkpoint(lora_run: Path, tmp_path: Path, command: str):
+    run = copy_run(lora_run, tmp_path)
+    inside = run / "checkpoints" / "step-1" / "sub" / "new"
+    before = tree_digest(run)
+    if command == "train":
+        config = tmp_path / "config.yaml"
+        shutil.copy(run / "config.yaml", config)
+        arguments = ["train", str(config), f"train.output_dir={inside}"]
+    elif command == "bench":
+        arguments = [*BENCH, "--out", str(inside)]
+    else:
+        arguments = ["report", str(run), "--out", str(inside / "report.html")]
+    result = run_in_process(*arguments, cwd=tmp_path)
+    assert_one_line_error(result, 2, str(run / "checkpoints" / "step-1"), "checkpoint folder")
+    assert tree_digest(run) == before
+
+
 @pytest.mark.parametrize("kind", ["fifo", "link", "folder", "link-to-folder"])
 def test_report_out_must_be_a_plain_new_file(lora_run: Path, tmp_path: Path, kind: str):
     out = tmp_path / "report.html"

@@ -1,5 +1,6 @@
 """Can a folder be created here? Asked before any work whose result goes there, so a
-long job never ends by failing to write. And the marker a memfit run folder carries."""
+long job never ends by failing to write. Is a path inside a checkpoint? And the marker a
+memfit run folder carries."""
 
 from __future__ import annotations
 
@@ -27,4 +28,14 @@ def creation_problem(folder: Path) -> str | None:
         os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".memfit-probe-"))
     except OSError as error:
         return f"cannot create a folder in {parent}: {error.strerror}"
+    return None
+
+
+def enclosing_checkpoint(path: Path) -> Path | None:
+    """The memfit checkpoint folder (``checkpoints/step-N`` with its ``manifest.json``) that
+    ``path`` is or lies inside, or None. Anything written there makes the checkpoint hold
+    a file its manifest does not list: the next resume calls it damaged."""
+    for folder in (path.absolute(), *path.absolute().parents):
+        if folder.parent.name == "checkpoints" and (folder / "manifest.json").is_file():
+            return folder
     return None

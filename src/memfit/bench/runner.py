@@ -32,7 +32,7 @@ import torch
 
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import ConfigError, MemfitError
-from memfit._utils.folders import creation_problem
+from memfit._utils.folders import creation_problem, enclosing_checkpoint
 from memfit._utils.no_follow import FILE, FOLDER, check_layout, link_message, remove_entry
 from memfit.bench import plots
 from memfit.bench.cases import BASELINE, Case, select
@@ -131,6 +131,10 @@ def claim_out_folder(out: Path, cases: list[Case], model: str) -> None:
     bench made before; ConfigError naming what is there otherwise, or when one of the
     entries a bench writes is a link or of the wrong kind."""
     key = f"memfit bench --out {out}"
+    checkpoint = enclosing_checkpoint(out)
+    if checkpoint is not None:
+        raise ConfigError(f"{key} is inside the checkpoint folder {checkpoint}, which holds "
+                          "only what its manifest.json lists; choose another folder")
     if out.is_symlink():
         raise ConfigError(f"{key}: {link_message(out)}")
     if out.exists():

@@ -27,7 +27,7 @@ from pathlib import Path
 import memfit
 from memfit._utils.atomic import leftovers_of, write_text
 from memfit._utils.errors import ConfigError
-from memfit._utils.folders import RUN_MARKER, creation_problem
+from memfit._utils.folders import RUN_MARKER, creation_problem, enclosing_checkpoint
 from memfit._utils.no_follow import (
     FILE,
     FOLDER,
@@ -80,6 +80,10 @@ def check_new_run_folder(output_dir: str | None) -> None:
         return
     folder = Path(output_dir)
     key = f"train.output_dir={output_dir}"
+    checkpoint = enclosing_checkpoint(folder)
+    if checkpoint is not None:
+        raise ConfigError(f"{key} is inside the checkpoint folder {checkpoint}, which holds "
+                          "only what its manifest.json lists; choose another folder")
     if folder.is_symlink():  # the lock, the marker and every file would land in its target
         raise ConfigError(f"{key}: {link_message(folder)}")
     if folder.exists():
