@@ -81,7 +81,7 @@ def plan_with(*overrides: str):
     (tiny_run_with("train.gradient_accumulation_steps=99999999999"),
      ("train.gradient_accumulation_steps=99999999999 is beyond",)),
     (tiny_run_with("train.epochs=1e300"),
-     ("train.epochs must be above 0 and at most 1,000,000, got 1e+300",)),
+     ("train.epochs=1e+300 is beyond memfit's limit of 1,000,000",)),
     (tiny_run_with("adapter.kind=lora", "adapter.rank=99999999999"),
      ("adapter.rank=99999999999 is beyond memfit's limit of 65,536",)),
     (plan_with("train.micro_batch_size=99999999999"),

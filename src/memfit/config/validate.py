@@ -14,6 +14,7 @@ from memfit.config.limits import (
     MAX_EPOCHS,
     check_bytes,
     check_control_characters,
+    check_count,
     check_int_limits,
 )
 from memfit.config.schema import (
@@ -69,6 +70,7 @@ def _check_numbers(config: Config) -> None:
         # Written as "not inside": nan compares false both ways, so `value < 0` lets it pass.
         if not (math.isfinite(value) and inside(value)):
             raise ConfigError(f"{key} must be {valid}, got {value}")
+    check_count("train.epochs", config.train.epochs, 0, MAX_EPOCHS)
     betas = config.optimizer.betas
     if not all(math.isfinite(beta) and 0 <= beta < 1 for beta in betas):
         raise ConfigError(
@@ -95,8 +97,7 @@ def _float_domains(config: Config):
         ("adapter.alpha", config.adapter.alpha, _ABOVE_ZERO),
         ("adapter.dropout", config.adapter.dropout, _FRACTION),
         ("data.eval_fraction", config.data.eval_fraction, _FRACTION),
-        ("train.epochs", config.train.epochs,
-         (lambda value: 0 < value <= MAX_EPOCHS, f"above 0 and at most {MAX_EPOCHS:,}")),
+        ("train.epochs", config.train.epochs, _ABOVE_ZERO),
     ]
     if config.train.max_grad_norm is not None:
         domains.append(("train.max_grad_norm", config.train.max_grad_norm,
