@@ -228,8 +228,9 @@ def _check_classification(config: Config) -> None:
                           f"limit of {MAX_CLASSES:,}")
     if len(set(model.labels)) != len(model.labels) or len(model.labels) < 2 \
             or not all(model.labels):
-        raise ConfigError(f"model.labels={list(model.labels)} must name at least 2 classes, "
-                          "each once and non-empty")
+        # Cut at 200 characters: model.labels may name up to MAX_CLASSES classes.
+        raise ConfigError(f"model.labels={list(model.labels)!s:.200} must name at least 2 "
+                          "classes, each once and non-empty")
     if model.num_labels is not None and model.num_labels != len(model.labels):
         raise ConfigError(f"model.labels names {len(model.labels)} classes but model.num_labels="
                           f"{model.num_labels}; give one name per class, or drop one of the two")
