@@ -4,7 +4,7 @@ Why bounds at all: a value no machine could hold (``train.micro_batch_size=10**2
 ``memfit plan --devices 100000``, 10**12 classes, a YAML alias bomb) would otherwise hang
 in a loop, exhaust memory, or overflow inside torch/numpy with a traceback, instead of
 failing at once in one line. Every bound is far beyond any real run, so it never limits
-real use; the error message names it, and docs/config.md lists this table.
+real use; the error message names the key and the bound.
 """
 
 from __future__ import annotations
