@@ -330,7 +330,8 @@ def _run(args: argparse.Namespace) -> int:
             return error.exit_code
         if args.debug:
             raise
-        _say(f"memfit: error: {error}")
+        # One line, whatever a value quoted in the message holds (a newline in a path).
+        _say("memfit: error: " + str(error).replace("\r", "\\r").replace("\n", "\\n"))
         return error.exit_code
     except Exception as error:
         if args.debug or not is_disk_full(error):

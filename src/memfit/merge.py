@@ -55,6 +55,7 @@ from memfit.models.load import TORCH_DTYPES
 from memfit.techniques import quantize
 from memfit.techniques.registry import frozen_storage_dtype
 from memfit.training.build import load_base, seed_everything
+from memfit.training.run_folder import MARKER_FILE, is_run_folder
 
 
 def run_config(run_dir: Path) -> Config:
@@ -62,6 +63,9 @@ def run_config(run_dir: Path) -> Config:
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         raise ConfigError(f"memfit merge {run_dir}: no config.yaml there (not a run folder)")
+    if not is_run_folder(run_dir):  # another tool's folder that happens to hold a config.yaml
+        raise ConfigError(f"memfit merge {run_dir}: not a memfit run folder (no {MARKER_FILE} "
+                          "there)")
     return from_mapping(read_yaml(config_path))
 
 

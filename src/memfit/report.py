@@ -8,8 +8,8 @@ network. It is written atomically (temporary name, then rename), never through a
 
 A run folder is data people pass around: the report reads only what memfit wrote there
 (a folder is a run only with its ``memfit-run.json``), renders values of the wrong type
-marked instead of failing, and never imports code the run's config names (the plan is
-left out unless the user passes ``trust_code``).
+marked instead of failing, and never imports code the run's config names: the plan is
+left out for such a run (``memfit plan`` on its config.yaml is the user's explicit choice).
 """
 
 from __future__ import annotations
@@ -48,10 +48,8 @@ img { max-width: 100%; }
 """
 
 
-def write_report(run_dir: Path | str, out: Path | str | None = None,
-                 trust_code: bool = False) -> Path:
-    """Render RUN_DIR's report to ``out`` (default RUN_DIR/report.html); returns the path.
-    ``trust_code``: plan a run whose config names code to import (``--trust-code``)."""
+def write_report(run_dir: Path | str, out: Path | str | None = None) -> Path:
+    """Render RUN_DIR's report to ``out`` (default RUN_DIR/report.html); returns the path."""
     from memfit.training.run_folder import MARKER_FILE, is_run_folder
 
     run_dir = Path(run_dir)
@@ -67,7 +65,7 @@ def write_report(run_dir: Path | str, out: Path | str | None = None,
     check_layout(run_dir, {"config.yaml": FILE, "summary.json": FILE, "metrics.jsonl": FILE})
     out = Path(out) if out is not None else run_dir / "report.html"
     _check_out(out)
-    write_text(out, render_report(run_dir, trust_code))
+    write_text(out, render_report(run_dir))
     return out
 
 
@@ -94,7 +92,7 @@ def _check_out(out: Path) -> None:
         raise ConfigError(f"{key} cannot be written: {problem}")
 
 
-def render_report(run_dir: Path, trust_code: bool = False) -> str:
+def render_report(run_dir: Path) -> str:
     summary = _read_json(run_dir / "summary.json")
     records = _usable(read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else [])
     config_text = (run_dir / "config.yaml").read_text(errors="replace")
@@ -102,8 +100,7 @@ def render_report(run_dir: Path, trust_code: bool = False) -> str:
     sections = [
         f"<h1>memfit run {html.escape(run_dir.resolve().name)}</h1>",
         "<h2>Summary</h2>", _summary_table(summary),
-        "<h2>Memory: plan and measured</h2>", _plan_section(run_dir, summary, device,
-                                                            trust_code),
+        "<h2>Memory: plan and measured</h2>", _plan_section(run_dir, summary, device),
         "<h2>Memory over the steps</h2>", _memory_timeline(records),
         "<h2>Loss</h2>", _loss_curves(records),
         "<h2>Resolved configuration (config.yaml)</h2>",
@@ -182,10 +179,9 @@ def _summary_table(summary: dict[str, Any] | None) -> str:
     return _table(["key", "value"], rows)
 
 
-def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str,
-                  trust_code: bool = False) -> str:
+def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str) -> str:
     import memfit
-    from memfit.config.code_trust import TRUST_FLAG, code_references
+    from memfit.config.code_trust import code_references
     from memfit.plan.planner import load_plan_config
     from memfit.plan.report import format_plan
     from memfit.training.fit import example_batch
@@ -194,12 +190,13 @@ def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str,
     try:
         config = load_plan_config(run_dir / "config.yaml", [])
         references = code_references(config)
-        if references and not trust_code:
+        if references:
             # Planning builds the model: it would import the factory named in a run folder.
             key, reference = references[0]
             return _note(f"no plan: the run's config.yaml names code to import ({key}="
-                         f"{reference}); memfit report runs code named by a run folder only "
-                         f"with {TRUST_FLAG}")
+                         f"{reference}), which memfit report never runs; to see it, run "
+                         f"memfit plan {run_dir / 'config.yaml'} --device {plan_device} "
+                         "--budget SIZE")
         # A factory or image model is traced on a batch of its data, as `memfit plan` does.
         plan = memfit.plan(config, config.memory.budget or _NO_BUDGET, device=plan_device,
                            example_batch=example_batch(config))

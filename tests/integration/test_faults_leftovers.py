@@ -61,3 +61,32 @@ def test_resume_with_max_steps_below_the_checkpoint_is_one_line(tmp_path: Path):
                             "train.max_steps=3", cwd=tmp_path)
     assert_one_line_error(result, 2, "checkpoint is at step 4", "train.max_steps")
     assert tree_digest(tmp_path / "run") == before
+
+
+def test_the_default_run_folder_in_an_unwritable_directory_is_one_line():
+    result = run_in_process("train", "train.max_steps=1", cwd=Path("/proc"))
+    assert_one_line_error(result, 2, "default run folder runs/", "train.output_dir")
+
+
+def test_a_run_folder_inside_its_data_folder_is_refused(tmp_path: Path):
+    data = tmp_path / "data"
+    data.mkdir()
+    write_instructions(data / "rows.jsonl", rows=8)
+    before = tree_digest(tmp_path)
+    result = run_in_process("train", f"data.path={data}", "data.format=instruction",
+                            f"train.output_dir={data / 'run'}", "train.max_steps=1",
+                            cwd=tmp_path)
+    assert_one_line_error(result, 2, f"train.output_dir={data / 'run'} is inside data.path")
+    assert tree_digest(tmp_path) == before
+
+
+def test_merge_of_another_tools_folder_is_refused(tmp_path: Path):
+    """config.yaml and adapter/ alone do not make a memfit run: its marker does."""
+    theirs = tmp_path / "theirs"
+    (theirs / "adapter").mkdir(parents=True)
+    (theirs / "config.yaml").write_text("model: {preset: tiny-llama}\n")
+    (theirs / "adapter" / "adapter_config.json").write_text("{}")
+    before = tree_digest(tmp_path)
+    result = run_in_process("merge", str(theirs), "--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert_one_line_error(result, 2, "not a memfit run folder", "memfit-run.json")
+    assert tree_digest(tmp_path) == before

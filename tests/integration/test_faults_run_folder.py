@@ -433,7 +433,8 @@ def test_resuming_on_a_read_only_mount_is_one_line(tmp_path: Path):
     train_regression(tmp_path, run, max_steps=2)
     (run / ".memfit.lock").unlink()  # as a copy of the run without it would be
     script = (f"mount --bind {run} {run} && mount -o remount,bind,ro {run} && "
-              f"exec {sys.executable} -m memfit train --resume {run} train.max_steps=4")
+              f"exec {sys.executable} -m memfit train --trust-code --resume {run} "
+              "train.max_steps=4")
     result = subprocess.run(["unshare", "--map-root-user", "--mount", "sh", "-c", script],
                             cwd=tmp_path, env=cli_env(), capture_output=True, text=True,
                             timeout=300)

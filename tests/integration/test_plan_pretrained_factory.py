@@ -85,10 +85,15 @@ def test_plan_builds_the_pretrained_architecture_on_meta(project: Path):
     assert plan["config"]["bytes"]["weights"] == real_bytes
 
 
-def test_report_of_a_pretrained_factory_run_shows_the_plan(project: Path):
+def test_report_of_a_factory_run_leaves_the_plan_to_memfit_plan(project: Path):
+    """memfit report never imports the code a run folder names; the page says how to plan
+    it, and planning the run's config.yaml (the user's explicit choice) works."""
     result = run_in_process("train", str(project / "config.yaml"), cwd=project)
     assert result.returncode == 0, result.stderr
     result = run_in_process("report", str(project / "run"), cwd=project)
     assert result.returncode == 0, result.stderr
     page = (project / "run" / "report.html").read_text()
-    assert "plan (device=cpu)" in page and "no plan" not in page
+    assert "no plan" in page and "memfit plan" in page and "plan (device=cpu)" not in page
+    result = run_in_process("plan", str(project / "run" / "config.yaml"), "--device", "cpu",
+                            "--budget", "1GiB", cwd=project)
+    assert result.returncode == 0, result.stderr

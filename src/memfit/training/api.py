@@ -48,6 +48,7 @@ from memfit.training.run_folder import (
     create_run_folder,
     is_run_folder,
     open_run_folder,
+    refuse_run_inside_data,
 )
 
 
@@ -101,6 +102,8 @@ def _train(config: Config, resume: str | Path | None) -> RunResult:
         _check_resume_config(config, Path(resume))
     elif main:
         check_new_run_folder(config.train.output_dir)  # before anything is built
+        refuse_run_inside_data(config.train.output_dir, {"data.path": config.data.path,
+                                                          "data.eval_path": config.data.eval_path})
     choice = None
     if config.memory.auto and resume is None:  # a resumed run keeps what was chosen
         config, choice = auto_fit(config)

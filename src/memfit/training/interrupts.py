@@ -6,8 +6,8 @@ whose exit status is the shell's for that signal (143, 130). A second SIGINT whi
 aborts at once (KeyboardInterrupt), for a user who will not wait for the save, except in
 a launched worker: the launcher relays the signal (workers run in their own session, so
 the terminal's Ctrl-C reaches only the launcher), and a second Ctrl-C ends the launcher,
-which takes its workers with it (distributed.workers). Handlers can only be installed from the main thread; elsewhere signals keep
-their old meaning.
+which takes its workers with it (distributed.workers). Handlers can only be installed from
+the main thread; elsewhere signals keep their old meaning.
 
 Kept free of torch: the CLI imports ``Interrupted`` to print it.
 """

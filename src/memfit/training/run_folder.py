@@ -41,6 +41,7 @@ from memfit.checkpoint.state import RUN_RECORDS
 
 MARKER_FILE = RUN_MARKER
 LOCK_FILE = ".memfit.lock"
+DEFAULT_RUNS = Path("runs")  # where a run without train.output_dir gets a dated folder
 # What a run writes before its first checkpoint: removed when such a run starts again.
 _WRITTEN_BEFORE_FIRST_CHECKPOINT = (*RUN_RECORDS, "adapters.txt", "adapters.json",
                                     "metrics.jsonl", "tensorboard", "memory.png", "checkpoints")
@@ -77,6 +78,13 @@ def check_new_run_folder(output_dir: str | None) -> None:
     could not own: a link, a file, a folder holding other things, a run with progress, or
     a path that cannot be created."""
     if not output_dir:
+        # A default name is created under runs/ of the working directory, which may be
+        # read-only (a container's /, /proc) or not ours.
+        problem = creation_problem(DEFAULT_RUNS / "new")
+        if problem is not None:
+            raise ConfigError(f"the default run folder {DEFAULT_RUNS}/ (train.output_dir unset) "
+                              f"cannot be created in {Path.cwd()}: {problem}; set "
+                              "train.output_dir to a writable place")
         return
     folder = Path(output_dir)
     key = f"train.output_dir={output_dir}"
@@ -109,7 +117,7 @@ def refuse_run_inside_data(output_dir: str | None, data_paths: dict[str, str | N
     """A new run's folder inside a data folder (``{key: path}``) would be read back as data
     by the next run (format "images" walks its folder's subfolders: memory.png is an image)
     and would change the data's fingerprint, so no resume would be accepted."""
-    folder = Path(output_dir) if output_dir else Path("runs")
+    folder = Path(output_dir) if output_dir else DEFAULT_RUNS
     named = (f"train.output_dir={output_dir}" if output_dir
              else "the default run folder runs/ (train.output_dir unset)")
     for key, data in data_paths.items():
@@ -159,7 +167,7 @@ def _make_folder(output_dir: str | None) -> Path:
         if folder.is_symlink():  # made since check_new_run_folder looked
             raise ConfigError(f"train.output_dir={output_dir}: {link_message(folder)}")
         return folder
-    stem = Path("runs") / time.strftime("%Y%m%d-%H%M%S")
+    stem = DEFAULT_RUNS / time.strftime("%Y%m%d-%H%M%S")
     stem.parent.mkdir(parents=True, exist_ok=True)
     for attempt in range(1, 1000):
         folder = stem if attempt == 1 else stem.with_name(f"{stem.name}-{attempt}")
