@@ -12,7 +12,7 @@ pretrained, LoRA-adapted and fully fine-tuned models, and each run's peak tensor
 a training step as its metrics.jsonl logged them (memfit.monitor.memory), and writes
 RUN_DIR/reconstructions.png: input / before / after LoRA / full fine-tuning.
 
-The LoRA result is evaluated as `memfit merge RUN_DIR --out RUN_DIR/merged` hands it over
+The LoRA result is evaluated as `memfit merge RUN_DIR --out RUN_DIR-merged` hands it over
 for a plain module: the adapters merged into the weights, a state dict loaded into the
 user's own model class with load_state_dict(strict=True).
 """
@@ -59,7 +59,9 @@ def main() -> None:
 
     models = {"before (pretrained)": user_model.pretrained(),
               "after LoRA (merged)": trained_weights(
-                  merge_run(lora_run, lora_run / "merged") / "model.safetensors"),
+                  # The run is the user's own, trained from this example's model.py.
+                  merge_run(lora_run, lora_run.with_name(f"{lora_run.name}-merged"),
+                            force=True, trust_code=True) / "model.safetensors"),
               "full fine-tuning": trained_weights(full_run / "model" / "model.safetensors")}
     images = eval_images(lora_config)
     memory = {"after LoRA (merged)": peak_memory(lora_run),

@@ -48,6 +48,23 @@ def write_config(path: Path, mapping: dict) -> Path:
     return path
 
 
+def regression_config(folder: Path, output_dir: Path, tensorboard: bool = False,
+                      **train) -> Path:
+    """A config file (in ``folder``) for the factory regressor on its .npz data: 4 steps,
+    checkpoints at 2 and 4, written to ``output_dir``; ``train`` keys override."""
+    from factories import write_regression_data
+
+    data = folder / "regression.npz"
+    if not data.exists():
+        write_regression_data(data)
+    return write_config(folder / f"{output_dir.name}.yaml", {
+        "model": {"factory": "factories:regressor", "task": "custom"},
+        "data": {"path": str(data), "format": "tensors", "eval_fraction": 0.25},
+        "train": {"max_steps": 4, "micro_batch_size": 4, "save_every": 2,
+                  "output_dir": str(output_dir), **train},
+        "optimizer": {"lr": 1e-2}, "log": {"progress": False, "tensorboard": tensorboard}})
+
+
 def tiny_run_arguments(data: Path, output_dir: Path, *extra: str) -> list[str]:
     """A config file for the tiny Llama preset on ``data`` (written beside the run folder),
     followed by ``extra`` key=value overrides."""

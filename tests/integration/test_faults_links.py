@@ -10,24 +10,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from cli_helpers import assert_one_line_error, run_in_process, tree_digest, write_config
-from factories import write_regression_data
+from cli_helpers import assert_one_line_error, regression_config, run_in_process, tree_digest
 
 from memfit._utils.atomic import leftovers_of, visible_name, write_text
 from memfit._utils.errors import ConfigError
 from memfit._utils.no_follow import open_no_follow, remove_entry
-
-
-def regression_config(folder: Path, output_dir: Path, **train) -> Path:
-    data = folder / "regression.npz"
-    if not data.exists():
-        write_regression_data(data)
-    return write_config(folder / f"{output_dir.name}.yaml", {
-        "model": {"factory": "factories:regressor", "task": "custom"},
-        "data": {"path": str(data), "format": "tensors", "eval_fraction": 0.25},
-        "train": {"max_steps": 4, "micro_batch_size": 4, "save_every": 2,
-                  "output_dir": str(output_dir), **train},
-        "optimizer": {"lr": 1e-2}, "log": {"progress": False, "tensorboard": True}})
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +22,8 @@ def finished(tmp_path_factory) -> Path:
     """A finished 4-step run (checkpoints at steps 2 and 4, TensorBoard on), copied per test."""
     folder = tmp_path_factory.mktemp("finished")
     run = folder / "run"
-    result = run_in_process("train", str(regression_config(folder, run)), cwd=folder)
+    config = regression_config(folder, run, tensorboard=True)
+    result = run_in_process("train", str(config), cwd=folder)
     assert result.returncode == 0, result.stderr
     return run
 
@@ -122,7 +110,7 @@ def test_a_restarted_run_removes_links_never_their_targets(tmp_path: Path, finis
     (tmp_path / "users" / "checkpoints" / "step-2").mkdir()
     (run / "checkpoints").symlink_to(tmp_path / "users" / "checkpoints")
     outside = tree_digest(tmp_path / "users")
-    config = regression_config(tmp_path, run)
+    config = regression_config(tmp_path, run, tensorboard=True)
     result = run_in_process("train", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert tree_digest(tmp_path / "users") == outside
@@ -146,7 +134,7 @@ def another_tools_run(tmp_path: Path) -> Path:
 
 def test_another_tools_run_is_never_taken_for_a_memfit_run(tmp_path: Path):
     folder = another_tools_run(tmp_path)
-    config = regression_config(tmp_path, folder)
+    config = regression_config(tmp_path, folder, tensorboard=True)
     before = tree_digest(tmp_path)
     result = run_in_process("train", str(config), cwd=tmp_path)
     assert_one_line_error(result, 2, "train.output_dir", "not a memfit run folder",
@@ -172,7 +160,7 @@ def test_an_output_dir_that_is_a_link_is_refused(tmp_path: Path):
     mine = tmp_path / "mine"
     mine.mkdir()  # empty: as a plain folder it would be used
     (tmp_path / "run").symlink_to(mine)
-    config = regression_config(tmp_path, tmp_path / "run")
+    config = regression_config(tmp_path, tmp_path / "run", tensorboard=True)
     result = run_in_process("train", str(config), cwd=tmp_path)
     assert_one_line_error(result, 2, "train.output_dir", "symbolic link")
     assert list(mine.iterdir()) == []

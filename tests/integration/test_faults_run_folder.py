@@ -17,6 +17,7 @@ import pytest
 from cli_helpers import (
     assert_one_line_error,
     cli_env,
+    regression_config,
     run_in_process,
     tiny_run_arguments,
     tree_digest,
@@ -27,18 +28,6 @@ from factories import write_regression_data
 from memfit.config.resume import RESUMABLE_KEYS
 from memfit.monitor.metrics import read_metrics
 from memfit.training.run_folder import RunFolder, create_run_folder
-
-
-def regression_config(tmp_path: Path, output_dir: Path, **train) -> Path:
-    data = tmp_path / "regression.npz"
-    if not data.exists():
-        write_regression_data(data)
-    return write_config(tmp_path / f"{output_dir.name}.yaml", {
-        "model": {"factory": "factories:regressor", "task": "custom"},
-        "data": {"path": str(data), "format": "tensors", "eval_fraction": 0.25},
-        "train": {"max_steps": 4, "micro_batch_size": 4, "save_every": 2,
-                  "output_dir": str(output_dir), **train},
-        "optimizer": {"lr": 1e-2}, "log": {"progress": False, "tensorboard": False}})
 
 
 def train_regression(tmp_path: Path, output_dir: Path, *overrides: str, **train):
