@@ -1,4 +1,5 @@
 """How accurate is `memfit plan`? Run: python benchmarks/plan_accuracy.py [--skip-measured]
+[--architectures NAME,...]
 
 1. Plan vs measured: every (architecture, strategy) case of tests/unit/plan/accuracy_cases.py
    is trained for real on CPU for 3 steps while the tensor tracker counts live storages;
@@ -52,12 +53,14 @@ PAPERS = [
 ]
 
 
-def measured_table() -> None:
+def measured_table(only: set[str] | None = None) -> None:
     folder = Path(tempfile.mkdtemp(prefix="plan-accuracy-"))
     data = write_data(folder)
     errors = []
     print(f"{'architecture':<18}{'strategy':<22}{'planned':>12}{'measured':>12}{'error':>9}")
     for arch, name, config, example in cases(data, folder):
+        if only is not None and arch not in only:
+            continue
         planned = estimate(config, device="cpu", example_batch=example).peak_tensor_bytes
         measured = measure_peak_bytes(config)
         error = planned / measured - 1
@@ -85,9 +88,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-measured", action="store_true",
                         help="only the published figures (no training)")
+    parser.add_argument("--architectures", metavar="NAME,...",
+                        help="measure only these architectures (e.g. gpt-neox,qwen2,phi3)")
     args = parser.parse_args()
     if not args.skip_measured:
-        measured_table()
+        measured_table(set(args.architectures.split(",")) if args.architectures else None)
     paper_table()
 
 

@@ -20,6 +20,8 @@ from memfit.config.schema import Config
 
 SEQUENCE = 64
 MICRO_BATCH = 2
+# The Hugging Face decoder folders of HF_DECODERS train on longer sequences: 2 x 128 tokens.
+DECODER_SEQUENCE = 128
 
 
 class EncoderClassifier(nn.Module):
@@ -111,11 +113,43 @@ def wide_llama_folder(folder: Path) -> Path:
     return path
 
 
+def hf_decoder_folder(folder: Path, kind: str) -> Path:
+    """A small GPT-NeoX, Qwen2 or Phi-3 (hidden 128, MLP 512, 2 layers, 4 heads) with random
+    weights, saved as an fp32 Hugging Face folder: the architectures beside Llama whose
+    layers differ where adapters and a quantized base sit (a fused q/k/v projection and
+    parallel residual in GPT-NeoX, q/k/v biases in Qwen2, fused q/k/v and gate/up in Phi-3)."""
+    import transformers
+
+    from memfit.models.tokenizers import BYTE_VOCAB_SIZE, byte_level_tokenizer
+
+    path = folder / kind
+    if not path.exists():
+        torch.manual_seed(0)
+        shape = {"vocab_size": BYTE_VOCAB_SIZE, "hidden_size": 128, "intermediate_size": 512,
+                 "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "max_position_embeddings": 2 * DECODER_SEQUENCE}
+        if kind == "gpt-neox":
+            model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**shape))
+        elif kind == "qwen2":
+            model = transformers.Qwen2ForCausalLM(
+                transformers.Qwen2Config(num_key_value_heads=2, **shape))
+        else:  # Phi-3's default pad_token_id (32000) is outside this vocabulary
+            model = transformers.Phi3ForCausalLM(
+                transformers.Phi3Config(num_key_value_heads=2, pad_token_id=0, **shape))
+        model.save_pretrained(path)
+        byte_level_tokenizer().save_pretrained(path)
+    return path
+
+
+HF_DECODERS = ("gpt-neox", "qwen2", "phi3")
+
+
 def architectures(data: dict[str, Path], folder: Path) -> dict[str, tuple[dict, dict | None]]:
     """name -> (config mapping, example micro-batch for the planner or None)."""
     text = {"data": {"path": str(data["text"]), "format": "text", "max_length": SEQUENCE,
                      "eval_fraction": 0.0}}
     tensors = {"format": "tensors", "eval_fraction": 0.0}
+    long_text = {"data": {**text["data"], "max_length": DECODER_SEQUENCE}}
     return {
         "llama": ({"model": {"preset": "tiny-llama"}, **text}, None),
         "gpt2": ({"model": {"path": str(tiny_gpt2_folder(folder))}, **text}, None),
@@ -129,6 +163,8 @@ def architectures(data: dict[str, Path], folder: Path) -> dict[str, tuple[dict, 
             {"model": {"factory": "accuracy_cases:conv_autoencoder", "task": "custom"},
              "data": {"path": str(data["images"]), **tensors}},
             {"images": torch.zeros(MICRO_BATCH, 1, 32, 32)}),
+        **{kind: ({"model": {"path": str(hf_decoder_folder(folder, kind))}, **long_text}, None)
+           for kind in HF_DECODERS},
     }
 
 
@@ -171,6 +207,19 @@ STRATEGIES: dict[str, dict] = {
                                               layerwise_refresh="full_gradient"),
     "adamw-layerwise": {"optimizer": {"name": "adamw", "layerwise": True},
                         "train": {"gradient_accumulation_steps": 2}},
+    # Rank 8 on every linear layer but the output, the fp32 folder as it is (lora) or
+    # quantized while loading (NF4 or int8) with bitsandbytes computing in bf16 or fp32.
+    **{name: {"adapter": {"kind": kind, "rank": 8, "targets": ["all-linear"],
+                          **({"quantization": "int8"} if name.endswith("int8") else {})},
+              **extra}
+       for name, kind, extra in (
+           ("lora-r8", "lora", {}),
+           ("lora-r8-checkpointing", "lora", {"memory": {"gradient_checkpointing": True}}),
+           ("qlora-r8", "qlora", {"precision": "bf16"}),
+           ("qlora-r8-fp32", "qlora", {}),
+           ("qlora-r8-int8", "qlora", {"precision": "bf16"}),
+           ("qlora-r8-checkpointing", "qlora", {"precision": "bf16",
+                                                "memory": {"gradient_checkpointing": True}}))},
     "adamw-optimizer-offload": {"optimizer": {"name": "adamw"},
                                 "memory": {"optimizer_offload": True}},
     "chunked-loss": {"optimizer": {"name": "adamw"},
@@ -190,7 +239,11 @@ SKIP = {("gpt2", "lora"), ("gpt2", "lora-checkpointing"), ("gpt2", "qlora"),
 LANGUAGE_MODELS_ONLY = ("galore", "adamw-layerwise", "adamw-optimizer-offload", "chunked-loss")
 # Architectures that are only there for their quantized base and for the GaLore family,
 # whose optimizer step (SVDs of 256 x 1024 matrices, full-size APOLLO updates) is the peak.
-WIDE_ONLY = {"llama-wide": ("qlora", "galore")}
+WIDE_ONLY = {"llama-wide": ("qlora", "galore"),
+             # The decoder folders are there for their adapters, and only they run the
+             # rank-8 strategies.
+             **{kind: ("lora-r8", "qlora-r8") for kind in HF_DECODERS}}
+RANK_8 = ("lora-r8", "qlora-r8")
 ADAPTER_TARGETS = {"conv-autoencoder": ["conv"]}
 
 
@@ -199,6 +252,8 @@ def cases(data: dict[str, Path], folder: Path):
     for arch, (base, example) in architectures(data, folder).items():
         for name, overrides in STRATEGIES.items():
             if (arch, name) in SKIP or (arch in WIDE_ONLY and not name.startswith(WIDE_ONLY[arch])):
+                continue
+            if name.startswith(RANK_8) and arch not in HF_DECODERS:
                 continue
             if name.startswith(LANGUAGE_MODELS_ONLY) and arch not in ("llama", "gpt2", *WIDE_ONLY):
                 continue

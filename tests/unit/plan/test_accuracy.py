@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import statistics
+
 import pytest
-from accuracy_cases import PROJECTORS, cases, measure_peak_bytes, write_data
+from accuracy_cases import (
+    HF_DECODERS,
+    PROJECTORS,
+    RANK_8,
+    STRATEGIES,
+    cases,
+    measure_peak_bytes,
+    write_data,
+)
 
 from memfit.plan import estimate
 
@@ -62,3 +72,41 @@ def test_optimizer_and_technique_plans_are_safe_and_close(chosen_cases, case):
     planned = estimate(config, device="cpu", example_batch=example).peak_tensor_bytes
     measured = measure_peak_bytes(config)
     assert 0 <= planned / measured - 1 <= 0.15, (planned, measured)
+
+
+# GPT-NeoX, Qwen2 and Phi-3 folders (fp32, 2 x 128 tokens) with rank-8 adapters on every
+# linear layer: LoRA, LoRA with checkpointing, and a base quantized while loading (NF4 from
+# bf16 or fp32, int8, NF4 with checkpointing). The QLoRA plan was up to 4.8% below the
+# tracker (Phi-3, NF4 under bf16 autocast) while PEFT's bitsandbytes wrappers' copies of
+# each layer's output went uncounted (plan/meta.py, _as_peft_quantized_layers).
+DECODER_CASES = sorted((arch, name) for arch in HF_DECODERS for name in STRATEGIES
+                       if name.startswith(RANK_8))
+
+
+@pytest.fixture(scope="module")
+def decoder_errors(tmp_path_factory):
+    """(arch, strategy) -> (planned, measured): every decoder case, measured once, so the
+    median below is over all of them."""
+    folder = tmp_path_factory.mktemp("plan-accuracy-decoders")
+    data = write_data(folder)
+    return {(arch, name): (estimate(config, device="cpu",
+                                    example_batch=example).peak_tensor_bytes,
+                           measure_peak_bytes(config))
+            for arch, name, config, example in cases(data, folder)
+            if (arch, name) in DECODER_CASES}
+
+
+@pytest.mark.parametrize("case", DECODER_CASES, ids="-".join)
+def test_decoder_adapter_plans_are_safe_and_close(decoder_errors, case):
+    """At or above the tracker's exact bytes (auto-fit relies on it) and within 15%; without
+    checkpointing (planned 1.4-4.1% above here, not looked into) the trace runs the ops
+    training runs and is within 1%."""
+    planned, measured = decoder_errors[case]
+    bound = 0.15 if case[1].endswith("checkpointing") else 0.01
+    assert 0 <= planned / measured - 1 <= bound, (planned, measured)
+
+
+def test_decoder_adapter_plans_median_error(decoder_errors):
+    errors = [planned / measured - 1 for planned, measured in decoder_errors.values()]
+    assert len(errors) == len(DECODER_CASES)
+    assert statistics.median(errors) <= 0.05, errors
