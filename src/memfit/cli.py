@@ -13,7 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from memfit._utils.errors import MemfitError, is_disk_full
+from memfit._utils.errors import MemfitError, Stopped, is_disk_full
 from memfit._utils.sizes import format_bytes
 
 DESCRIPTION = "Fine-tune PyTorch models inside the GPU memory you actually have."
@@ -323,9 +323,7 @@ def _run(args: argparse.Namespace) -> int:
     try:
         return args.handler(args)
     except MemfitError as error:
-        from memfit.training.interrupts import Interrupted
-
-        if isinstance(error, Interrupted):  # a requested stop, not a failure
+        if isinstance(error, Stopped):  # a requested stop, not a failure
             _say(f"memfit: {error}")
             return error.exit_code
         if args.debug:

@@ -42,6 +42,7 @@ from torch import nn
 from memfit._utils.atomic import staged_folder
 from memfit._utils.errors import ConfigError
 from memfit._utils.folders import creation_problem
+from memfit._utils.no_follow import link_message, open_no_follow
 from memfit.checkpoint import adapter_checks, newest_intact_checkpoint
 from memfit.checkpoint.export import BUFFERS_FILE, load_trained_buffers, save_model
 from memfit.checkpoint.state import buffer_state
@@ -190,8 +191,7 @@ def _check_out(run_dir: Path, config: Config, out: Path, force: bool) -> None:
     weights), the current directory, a link, or a folder with content (unless
     ``--force``)."""
     if out.is_symlink():  # --force would replace the link, a plain write would follow it
-        raise ConfigError(f"memfit merge --out {out}: that is a symbolic link (to "
-                          f"{os.readlink(out)}); name the real folder, or a new one")
+        raise ConfigError(f"memfit merge --out {out}: {link_message(out)}")
     run, target, here = run_dir.resolve(), out.resolve(), Path.cwd().resolve()
     for name, place in (("the run folder", run), ("the current directory", here)):
         if target == place or place.is_relative_to(target):
@@ -242,7 +242,9 @@ def _claimed(out: Path) -> Iterator[None]:
     busy = (f"memfit merge --out {out}: another memfit merge into that folder is running; "
             "let it finish, or choose another folder")
     try:
-        handle = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        handle = open_no_follow(path, os.O_RDWR | os.O_CREAT, 0o600)
+    except ConfigError as error:  # a link, a FIFO, ... planted at that name
+        raise ConfigError(f"memfit merge --out {out}: its lock file: {error}") from None
     except OSError as error:
         raise ConfigError(f"memfit merge --out {out}: cannot create its lock file {path} "
                           f"({error.strerror}); remove whatever is at that name") from None

@@ -28,9 +28,11 @@ from memfit._utils.errors import ConfigError, MemfitError
 from memfit._utils.folders import creation_problem, enclosing_checkpoint
 from memfit._utils.no_follow import FILE, check_entry, check_layout, open_no_follow
 from memfit._utils.sizes import format_bytes
+from memfit.config.code_trust import code_references
 from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY
 from memfit.monitor.memory_plot import plot_memory
 from memfit.monitor.metrics import read_metrics
+from memfit.training.run_folder import MARKER_FILE, is_run_folder
 
 # A run without memory.budget is planned against a budget nothing exceeds: only the
 # estimate of the configuration as run is shown, not what would fit.
@@ -50,7 +52,6 @@ img { max-width: 100%; }
 
 def write_report(run_dir: Path | str, out: Path | str | None = None) -> Path:
     """Render RUN_DIR's report to ``out`` (default RUN_DIR/report.html); returns the path."""
-    from memfit.training.run_folder import MARKER_FILE, is_run_folder
 
     run_dir = Path(run_dir)
     if not (run_dir / "config.yaml").is_file():
@@ -181,7 +182,6 @@ def _summary_table(summary: dict[str, Any] | None) -> str:
 
 def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str) -> str:
     import memfit
-    from memfit.config.code_trust import code_references
     from memfit.plan.planner import load_plan_config
     from memfit.plan.report import format_plan
     from memfit.training.fit import example_batch

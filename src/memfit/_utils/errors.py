@@ -36,6 +36,11 @@ class CheckpointError(MemfitError):
     """A checkpoint is damaged, incomplete, or holds something memfit refuses to load."""
 
 
+class Stopped(MemfitError):
+    """A requested stop (a signal) after saving: not a failure, so the CLI prints it without
+    "error:"; the exit status is the shell's for that signal."""
+
+
 class TrainingDiverged(MemfitError):
     """The loss or the gradient norm became non-finite; exit status 3."""
 

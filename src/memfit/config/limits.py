@@ -9,6 +9,9 @@ real use; the error message names the key and the bound.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import typing
 from typing import Any
 
 from memfit._utils.errors import ConfigError
@@ -27,36 +30,29 @@ MAX_EPOCHS = 10**6
 # memfit.data.chat); Jinja's own sandbox allows 100,000 per range but any number of ranges.
 MAX_TEMPLATE_RANGE = 100_000
 
-_STEPS = 10**9  # optimizer steps: ~30 years at one step a second
-_BATCH = 2**20  # examples per micro-batch, or micro-batches per step
-_TOKENS = 2**24  # 16,777,216 tokens: beyond any model's context today
-_RANK = 2**16  # beyond any weight's width today
+MAX_STEPS = 10**9  # optimizer steps: ~30 years at one step a second
+MAX_BATCH = 2**20  # examples per micro-batch, or micro-batches per step
+MAX_TOKENS = 2**24  # 16,777,216 tokens: beyond any model's context today
+MAX_RANK = 2**16  # beyond any weight's width today
+# numpy's np.random.seed takes 0..2**32-1, the narrowest of random, numpy and torch
+# (torch.manual_seed: up to 2**64-1), all three seeded with it.
+MAX_SEED = 2**32 - 1
+# Each whole-number key's (lowest, highest) lives beside it in schema.py: doc(limits=...).
 
-# key -> (lowest, highest) accepted, for every whole-number key of schema.py.
-INT_LIMITS: dict[str, tuple[int, int]] = {
-    "model.num_labels": (2, MAX_CLASSES),
-    "data.max_length": (1, _TOKENS),
-    "data.images.size": (1, 2**15),
-    "adapter.rank": (1, _RANK),
-    "optimizer.galore.rank": (1, _RANK),
-    "optimizer.galore.update_gap": (1, _STEPS),
-    "memory.checkpoint_every": (1, 10**6),
-    "memory.loss_chunk_tokens": (1, _TOKENS),
-    "train.micro_batch_size": (1, _BATCH),
-    "train.gradient_accumulation_steps": (1, _BATCH),
-    "train.max_steps": (1, _STEPS),
-    "train.warmup_steps": (0, _STEPS),
-    "train.eval_every": (0, _STEPS),
-    "train.save_every": (0, _STEPS),
-    "train.keep_checkpoints": (1, 10**6),
-    "train.max_consecutive_skips": (1, _STEPS),
-    # numpy's np.random.seed takes 0..2**32-1, the narrowest of random, numpy and torch
-    # (torch.manual_seed: up to 2**64-1), all three seeded with it.
-    "train.seed": (0, 2**32 - 1),
-    "distributed.nproc": (1, MAX_DEVICES),
-    "log.every": (1, _STEPS),
-    "log.memory_every": (1, _STEPS),
-}
+
+@functools.cache
+def int_limits(config_class: type) -> dict[str, tuple[int, int]]:
+    """``{dotted key: (lowest, highest)}`` of every field of ``config_class`` (and of the
+    sections inside it) whose schema entry carries ``limits``."""
+    hints = typing.get_type_hints(config_class)
+    found: dict[str, tuple[int, int]] = {}
+    for entry in dataclasses.fields(config_class):
+        if dataclasses.is_dataclass(hints[entry.name]):
+            found.update({f"{entry.name}.{key}": bounds
+                          for key, bounds in int_limits(hints[entry.name]).items()})
+        elif "limits" in entry.metadata:
+            found[entry.name] = entry.metadata["limits"]
+    return found
 
 
 def lookup(config: Any, key: str) -> Any:
@@ -69,7 +65,7 @@ def lookup(config: Any, key: str) -> Any:
 def check_int_limits(config: Any) -> None:
     """Every whole-number key inside its bounds, else a ConfigError naming it and the bound
     (unset optional keys, None, are skipped)."""
-    for key, (low, high) in INT_LIMITS.items():
+    for key, (low, high) in int_limits(type(config)).items():
         check_count(key, lookup(config, key), low, high)
 
 

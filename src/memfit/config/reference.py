@@ -44,8 +44,12 @@ def key_docs(cls: type = Config, prefix: str = "") -> Iterator[KeyDoc]:
             yield from key_docs(hint, f"{prefix}{field.name}.")
             continue
         default = to_mapping(getattr(defaults, field.name))
+        text = field.metadata["help"]
+        if "limits" in field.metadata:  # config/limits.py refuses values outside them
+            low, high = field.metadata["limits"]
+            text = f"{text} Accepted: {low:,} to {high:,}."
         yield KeyDoc(f"{prefix}{field.name}", _type_name(hint),
-                     "null" if default is None else str(default), field.metadata["help"])
+                     "null" if default is None else str(default), text)
 
 
 def help_text() -> str:

@@ -11,6 +11,16 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from memfit.config.limits import (
+    MAX_BATCH,
+    MAX_CLASSES,
+    MAX_DEVICES,
+    MAX_RANK,
+    MAX_SEED,
+    MAX_STEPS,
+    MAX_TOKENS,
+)
+
 
 class Choice(str, Enum):
     """A closed set of strings; ``str(member)`` is the value users write."""
@@ -129,9 +139,11 @@ class DistributedStrategy(Choice):
     FSDP = "fsdp"
 
 
-def doc(text: str, **kwargs):
-    """A dataclass field whose help text feeds `--help` and docs/config.md."""
-    return field(metadata={"help": text}, **kwargs)
+def doc(text: str, limits: tuple[int, int] | None = None, **kwargs):
+    """A dataclass field whose help text feeds `--help` and docs/config.md; ``limits``: the
+    lowest and highest whole number accepted (config/limits.py checks them)."""
+    metadata = {"help": text} if limits is None else {"help": text, "limits": limits}
+    return field(metadata=metadata, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -172,7 +184,7 @@ class ModelConfig:
         "model.task=sequence-classification: how many classes the new head predicts. "
         "null: as many as the training data's labels need (see model.labels); a larger "
         "number leaves room for classes the data does not have yet.",
-        default=None,
+        limits=(2, MAX_CLASSES), default=None,
     )
     labels: tuple[str, ...] = doc(
         "model.task=sequence-classification: the class names in id order (the exported "
@@ -197,7 +209,7 @@ class ImagesConfig:
         "Side of the square images the model sees (resized as data.images.resize says); "
         "null keeps each image's own size, which must then be the same for all. Presets "
         "(conv-autoencoder, vit-autoencoder) need it.",
-        default=None,
+        limits=(1, 2**15), default=None,
     )
     resize: ImageResize = doc(
         "crop (scale the shorter side to size, then cut the centre square) or stretch "
@@ -241,7 +253,8 @@ class DataConfig:
         "images (a folder or file of PNG/JPEG images or .npy/.npz arrays; see data.images).",
         default=DataFormat.TEXT,
     )
-    max_length: int = doc("Tokens per example (truncation) or per packed block.", default=256)
+    max_length: int = doc("Tokens per example (truncation) or per packed block.",
+                          limits=(1, MAX_TOKENS), default=256)
     eval_fraction: float = doc(
         "Fraction of rows held out for evaluation, chosen by a seeded shuffle; 0 disables "
         "evaluation. Not used when data.eval_path is set.",
@@ -272,7 +285,7 @@ class AdapterConfig:
         "none (train the weights themselves), lora, or qlora (LoRA on a 4-bit base).",
         default=AdapterKind.NONE,
     )
-    rank: int = doc("LoRA rank r.", default=8)
+    rank: int = doc("LoRA rank r.", limits=(1, MAX_RANK), default=8)
     alpha: float = doc("LoRA scaling numerator: the update is (alpha / rank) B A.", default=16.0)
     dropout: float = doc("Dropout on the LoRA input.", default=0.0)
     targets: tuple[str, ...] = doc(
@@ -315,8 +328,9 @@ class AdapterConfig:
 
 @dataclass(frozen=True)
 class GaloreConfig:
-    rank: int = doc("Rank r of the projected gradient.", default=128)
-    update_gap: int = doc("Optimizer steps between projector refreshes (T).", default=200)
+    rank: int = doc("Rank r of the projected gradient.", limits=(1, MAX_RANK), default=128)
+    update_gap: int = doc("Optimizer steps between projector refreshes (T).",
+                          limits=(1, MAX_STEPS), default=200)
     scale: float = doc("Scale applied to the projected-back update.", default=0.25)
     projector: GaloreProjector = doc(
         "svd, randomized_svd, online (Online Subspace Descent), random (APOLLO) or "
@@ -390,7 +404,8 @@ class MemoryConfig:
         default=(),
     )
     checkpoint_every: int = doc(
-        "Checkpoint every k-th block only (1: all), trading memory back for speed.", default=1
+        "Checkpoint every k-th block only (1: all), trading memory back for speed.",
+        limits=(1, 10**6), default=1
     )
     activation_offload: bool = doc("Keep saved activations in host memory.", default=False)
     optimizer_offload: bool = doc("Keep optimizer state in host memory.", default=False)
@@ -400,7 +415,7 @@ class MemoryConfig:
     )
     loss_chunk_tokens: int = doc(
         "memory.chunked_loss: tokens whose logits exist at once (forward and backward).",
-        default=1024,
+        limits=(1, MAX_TOKENS), default=1024,
     )
     budget: int | str | None = doc(
         "Device memory budget, e.g. 24GiB, 512MiB, 16GB or a byte count. On CPU it is "
@@ -418,26 +433,31 @@ class MemoryConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    micro_batch_size: int = doc("Examples per forward/backward pass.", default=4)
+    micro_batch_size: int = doc("Examples per forward/backward pass.",
+                                limits=(1, MAX_BATCH), default=4)
     gradient_accumulation_steps: int = doc(
         "Micro-batches per optimizer step; the loss is normalised over all tokens of the "
         "effective batch.",
-        default=1,
+        limits=(1, MAX_BATCH), default=1,
     )
     max_steps: int | None = doc(
-        "Optimizer steps to run; when unset, train.epochs decides.", default=None
+        "Optimizer steps to run; when unset, train.epochs decides.",
+        limits=(1, MAX_STEPS), default=None
     )
     epochs: float = doc("Passes over the training set when max_steps is unset.", default=1.0)
     lr_schedule: LrSchedule = doc("Learning-rate schedule after warmup.",
                                   default=LrSchedule.COSINE)
-    warmup_steps: int = doc("Linear warmup steps from 0 to optimizer.lr.", default=0)
+    warmup_steps: int = doc("Linear warmup steps from 0 to optimizer.lr.",
+                            limits=(0, MAX_STEPS), default=0)
     max_grad_norm: float | None = doc(
         "Clip the global gradient norm to this value; unset disables clipping.", default=1.0
     )
-    eval_every: int = doc("Evaluate every N optimizer steps (0: only at the end).", default=0)
+    eval_every: int = doc("Evaluate every N optimizer steps (0: only at the end).",
+                          limits=(0, MAX_STEPS), default=0)
     save_every: int = doc("Save a checkpoint every N optimizer steps (0: only at the end).",
-                          default=0)
-    keep_checkpoints: int = doc("How many of the newest checkpoints to keep.", default=2)
+                          limits=(0, MAX_STEPS), default=0)
+    keep_checkpoints: int = doc("How many of the newest checkpoints to keep.",
+                                limits=(1, 10**6), default=2)
     on_nonfinite: NonfiniteAction = doc(
         "When a step's loss or gradient norm is nan or inf: stop (exit status 3, keeping the "
         "last finite checkpoint) or skip (drop that step's update and go on; with "
@@ -447,9 +467,9 @@ class TrainConfig:
     max_consecutive_skips: int = doc(
         "train.on_nonfinite=skip: steps in a row that may be skipped; one more non-finite "
         "step stops the run.",
-        default=5,
+        limits=(1, MAX_STEPS), default=5,
     )
-    seed: int = doc("Seed for weights, data order and dropout.", default=0)
+    seed: int = doc("Seed for weights, data order and dropout.", limits=(0, MAX_SEED), default=0)
     output_dir: str | None = doc(
         "Run folder; default runs/<date>-<time> under the current directory.", default=None
     )
@@ -464,18 +484,18 @@ class DistributedConfig:
         default=DistributedStrategy.NONE)
     nproc: int = doc("Processes: what `memfit train --nproc N` starts on this machine; under "
                      "another launcher (torchrun, accelerate) its WORLD_SIZE, recorded in the "
-                     "run's config.yaml.", default=1)
+                     "run's config.yaml.", limits=(1, MAX_DEVICES), default=1)
 
 
 @dataclass(frozen=True)
 class LogConfig:
     tensorboard: bool = doc("Write TensorBoard events to the run folder.", default=True)
     progress: bool = doc("Show a progress bar.", default=True)
-    every: int = doc("Log metrics every N optimizer steps.", default=1)
+    every: int = doc("Log metrics every N optimizer steps.", limits=(1, MAX_STEPS), default=1)
     memory_every: int = doc(
         "Measure memory every N steps (CPU tensor tracking costs time on tiny models; must "
         "be 1 with memory.budget).",
-        default=1,
+        limits=(1, MAX_STEPS), default=1,
     )
 
 

@@ -22,8 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from memfit._utils.errors import MemfitError
-from memfit.training.interrupts import Interrupted
+from memfit._utils.errors import MemfitError, Stopped
 
 LAUNCHER_PID = "MEMFIT_LAUNCHER_PID"
 OUTCOMES_DIR = "MEMFIT_LAUNCH_OUTCOMES"
@@ -39,21 +38,14 @@ class Outcome:
 
     exit_code: int = 0
     message: str | None = None
-    stopped: bool = False  # an ``Interrupted`` (a saved stop), not an error
+    stopped: bool = False  # a ``Stopped`` (a saved stop), not an error
     peer_lost: bool = False  # failed (quietly) after another worker had died
 
     def as_error(self) -> MemfitError:
         """The error to raise in the launcher, so the CLI prints it as the worker would."""
-        error = RelayedStop(self.message) if self.stopped else MemfitError(self.message)
+        error = (Stopped if self.stopped else MemfitError)(self.message)
         error.exit_code = self.exit_code
         return error
-
-
-class RelayedStop(Interrupted):
-    """A worker's ``Interrupted``, raised again in the launcher (printed without "error:")."""
-
-    def __init__(self, message: str | None):
-        MemfitError.__init__(self, message)
 
 
 def outcome_path(folder: Path, rank: int) -> Path:
@@ -148,7 +140,7 @@ def relayed_to_launcher(debug: bool) -> Iterator[Outcome]:
         yield outcome
     except MemfitError as error:
         outcome.exit_code, outcome.message = error.exit_code, str(error)
-        outcome.stopped = isinstance(error, Interrupted)
+        outcome.stopped = isinstance(error, Stopped)
     except Exception:
         if not _a_peer_failed_first(Path(folder), rank):
             # A bug here: its traceback, and a mark that quiets the workers it brings down.

@@ -34,6 +34,7 @@ from memfit.models.load import build_image_preset, import_object
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
 from memfit.plan.pretrained_on_meta import from_pretrained_on_meta
 from memfit.techniques import registry
+from memfit.techniques.quantize_stand_in import QuantizedLinear
 
 
 @dataclass
@@ -106,8 +107,6 @@ def _as_peft_quantized_layers(model: nn.Module) -> None:
     them). The trace runs under CPU autocast, so a CUDA plan counts the casts CUDA
     autocast skips: above the need there, not below. Both classes lay out their state as
     PEFT's ``lora.Linear``, so changing the class is enough."""
-    from memfit.techniques.quantize_stand_in import QuantizedLinear
-
     wrapped = [module for module in model.modules()
                if isinstance(getattr(module, "base_layer", None), QuantizedLinear)]
     if not wrapped:  # importing PEFT's bitsandbytes module imports bitsandbytes: only if needed

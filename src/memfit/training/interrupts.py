@@ -8,8 +8,6 @@ a launched worker: the launcher relays the signal (workers run in their own sess
 the terminal's Ctrl-C reaches only the launcher), and a second Ctrl-C ends the launcher,
 which takes its workers with it (distributed.workers). Handlers can only be installed from
 the main thread; elsewhere signals keep their old meaning.
-
-Kept free of torch: the CLI imports ``Interrupted`` to print it.
 """
 
 from __future__ import annotations
@@ -21,14 +19,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
 
-from memfit._utils.errors import MemfitError
+from memfit._utils.errors import Stopped
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class Interrupted(MemfitError):
-    """Training stopped on a signal after saving; not a failure, so the CLI prints it without
-    "error:"."""
+class Interrupted(Stopped):
+    """Training stopped on a signal after saving."""
 
     def __init__(self, signal_number: int, step: int, checkpoint: Path, run_dir: Path):
         self.exit_code = 128 + signal_number

@@ -13,14 +13,16 @@ from memfit._utils.errors import ConfigError
 from memfit._utils.sizes import parse_bytes
 from memfit.config import from_mapping
 from memfit.config.limits import (
-    INT_LIMITS,
     MAX_CONFIG_BYTES,
     MAX_YAML_DEPTH,
     MAX_YAML_NODES,
     check_int_limits,
+    int_limits,
 )
 from memfit.config.load import parse_overrides, read_yaml
 from memfit.config.schema import Config
+
+INT_LIMITS = int_limits(Config)  # every whole-number key's bounds, from schema.py
 
 MINIMAL = {"model": {"preset": "tiny-llama"}, "data": {"path": "rows.jsonl"}}
 
