@@ -209,7 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="continue the run in RUN_DIR from its newest checkpoint")
     train.add_argument("--nproc", type=int, metavar="N",
                        help="start N processes on this machine with torch.distributed.run "
-                            "(sets distributed.nproc; needs distributed.strategy=ddp or fsdp)")
+                            "(sets distributed.nproc; needs distributed.strategy=ddp or fsdp; "
+                            "at most one per GPU, or per CPU core); may stand among the "
+                            "overrides")
     _add_trust_code(train, "--resume")
     _add_debug(train)
     train.set_defaults(handler=_command_train)
@@ -218,8 +220,8 @@ def build_parser() -> argparse.ArgumentParser:
         "merge", help="fold a run's trained adapters into the base and save the full model")
     merge.add_argument("run_dir", metavar="RUN_DIR", help="run folder trained with adapters")
     merge.add_argument("--out", required=True, metavar="DIR",
-                       help="a new or empty folder for the merged model; never the run folder "
-                            "or the current directory")
+                       help="a new or empty folder for the merged model; never a link, the run "
+                            "folder, the current directory, or the run's model.path or data")
     merge.add_argument("--force", action="store_true",
                        help="replace the contents of a non-empty --out folder (the new model is "
                             "written beside it first, then swapped in)")
@@ -235,13 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
                     "--devices N, bytes and --budget are per device; data parallel (ddp) is "
                     "recommended when some strategy fits one device, FSDP2 (fsdp) otherwise.")
     plan.add_argument("arguments", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
-    plan.add_argument("--budget", required=True, help="device memory, e.g. 24GiB, 16GB, 8e9")
+    plan.add_argument("--budget", required=True,
+                      help="device memory, e.g. 24GiB, 16GB, 8e9 (above 0, at most 1 EiB)")
     plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                       help="cuda adds context and allocator overhead; cpu counts tensors only")
     plan.add_argument("--devices", type=int, metavar="N",
                       help="bytes per device of training as N processes, one device each: "
                            "every strategy under ddp (each holds the whole model) and under "
-                           "fsdp (sharded); default: distributed.nproc")
+                           "fsdp (sharded); 1 to 1024; default: distributed.nproc")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     _add_debug(plan)
     plan.set_defaults(handler=_command_plan)
