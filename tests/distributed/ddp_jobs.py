@@ -10,7 +10,9 @@ torch and transformers instead of paying it per case.
         sharded), GaLore projectors P (``projector/NAME``), the gradient scaler's scale
         (``scale``), its optimizer state's bytes as the tensor tracker counts them
         (``optimizer_bytes``) and those of the state every rank holds whole
-        (``replicated_bytes``: what a sharded checkpoint saves as plain tensors).
+        (``replicated_bytes``: what a sharded checkpoint saves as plain tensors), and the
+        tracker's weight bytes of the quantized layers (``quantized_bytes``: their codes
+        and scales, this rank's shards of them when sharded).
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from torch.distributed.tensor import DTensor
 from memfit import distributed
 from memfit.config import Config, from_mapping
 from memfit.config.load import read_yaml
+from memfit.distributed.quantized_shards import PackedQuantizedLinear
 from memfit.monitor.tensor_tracker import TensorTracker
+from memfit.techniques.quantize import is_quantized_layer
 from memfit.training.api import train
 from memfit.training.batches import BatchStream
 from memfit.training.build import build_run
@@ -59,6 +63,7 @@ def _state_after_steps(config: Config, steps: int) -> dict[str, torch.Tensor]:
     if run.scaler is not None:
         found["scale"] = torch.tensor(run.scaler.get_scale())
     found["optimizer_bytes"] = torch.tensor(_optimizer_bytes(run.optimizer))
+    found["quantized_bytes"] = torch.tensor(_quantized_bytes(run.model))
     found["replicated_bytes"] = torch.tensor(sum(
         value.nbytes for entries in run.optimizer.state_dict()["state"].values()
         for value in entries.values()
@@ -76,6 +81,15 @@ def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     tracker = TensorTracker()
     tracker.attach(optimizer=optimizer)  # counts what it holds now
     return tracker.live_by_category()["optimizer"]
+
+
+def _quantized_bytes(model: torch.nn.Module) -> int:
+    layers = torch.nn.ModuleList(
+        module for module in model.modules()
+        if is_quantized_layer(module) or isinstance(module, PackedQuantizedLinear))
+    tracker = TensorTracker()
+    tracker.attach(model=layers)
+    return tracker.live_by_category()["weights"]
 
 
 def write_state(config_path: str, steps: int, out: Path) -> None:

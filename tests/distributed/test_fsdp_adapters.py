@@ -1,5 +1,5 @@
-"""LoRA and QLoRA under FSDP2 (bf16 mixed precision; the 4-bit base replicated, the
-adapters sharded) track a single-process run on the same global batch."""
+"""LoRA and QLoRA under FSDP2 (bf16 mixed precision; the adapters and the 4-bit base
+sharded) track a single-process run on the same global batch."""
 
 from __future__ import annotations
 

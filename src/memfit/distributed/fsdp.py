@@ -13,9 +13,10 @@ gradients and optimizer state are sharded along dim 0 across the processes.
   sharded parameters, their gradients and so the optimizer state in host memory; each
   unit copies its shards to the device to all-gather them, the gradients come back after
   the reduce-scatter, and the optimizer steps on the host.
-- Quantized frozen weights (bitsandbytes 4-bit / 8-bit: integer storage whose scales live
-  beside it as quant state) are left out of sharding and replicated on every rank; the
-  adapters and every floating-point weight are sharded.
+- Quantized frozen weights (bitsandbytes 4-bit / 8-bit: integer codes whose scales live
+  beside them as quant state) are sharded too: each layer's codes and scales become the
+  bytes of one uint8 parameter first (``quantized_shards``), which FSDP2 shards and
+  gathers like any weight and never casts.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from torch.distributed.fsdp import (
 
 from memfit.config.schema import Precision
 from memfit.distributed.process_group import world_size
+from memfit.distributed.quantized_shards import make_shardable
 
 _GATHER_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
@@ -45,19 +47,14 @@ def mixed_precision(precision: Precision) -> MixedPrecisionPolicy:
                                 reduce_dtype=torch.float32 if gather is not None else None)
 
 
-def unshardable_parameters(model: nn.Module) -> set[nn.Parameter]:
-    """Frozen integer-stored (quantized) weights: replicated, not sharded."""
-    return {p for p in model.parameters() if not p.is_floating_point() and not p.requires_grad}
-
-
 def shard(model: nn.Module, blocks: list[nn.Module], precision: Precision,
           device: torch.device, host_offload: bool = False) -> nn.Module:
     """Shard ``model`` in place across the process group: one unit per block, then the
     root. Parameters move to ``device`` as they are sharded, or stay in host memory with
-    ``host_offload``."""
+    ``host_offload``. bitsandbytes layers are replaced by their packed form first."""
+    make_shardable(model)
     mesh = init_device_mesh(device.type, (world_size(),))
     options = {"mesh": mesh, "mp_policy": mixed_precision(precision),
-               "ignored_params": unshardable_parameters(model),
                "offload_policy": (CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
                                   if host_offload else OffloadPolicy())}
     for block in blocks:

@@ -157,7 +157,7 @@ def store_frozen_in(model: nn.Module, dtype: torch.dtype) -> int:
     return saved
 
 
-def _int8_scales(layer: nn.Module) -> torch.Tensor | None:
+def int8_scales(layer: nn.Module) -> torch.Tensor | None:
     """Per-row fp32 scales of a Linear8bitLt: on the weight until the first forward, then
     moved into the layer's matmul state."""
     scales = getattr(layer.weight, "SCB", None)
@@ -178,7 +178,7 @@ def dequantize(model: nn.Module, dtype: torch.dtype) -> int:
         if isinstance(module, bnb.nn.Linear4bit):
             values = bnb_functional.dequantize_4bit(weight.data, weight.quant_state)
         else:
-            values = bnb_functional.int8_vectorwise_dequant(weight.data, _int8_scales(module))
+            values = bnb_functional.int8_vectorwise_dequant(weight.data, int8_scales(module))
         linear = nn.Linear(module.in_features, module.out_features,
                            bias=module.bias is not None, device="meta")
         linear.weight = nn.Parameter(values.to(dtype), requires_grad=False)
@@ -206,7 +206,7 @@ def check_applied(model: nn.Module) -> list[str]:
             ok = (getattr(weight, "bnb_quantized", False) and weight.quant_state is not None
                   and not weight.is_floating_point())
         else:
-            ok = weight.dtype == torch.int8 and _int8_scales(module) is not None
+            ok = weight.dtype == torch.int8 and int8_scales(module) is not None
         if not ok:
             raise ConfigError(f"adapter.kind=qlora: layer {name} was replaced but holds "
                               f"{weight.dtype} data, not quantized codes")
