@@ -23,7 +23,8 @@ peaks at the smaller of: its trace + the buckets, and the trace without grads + 
 grad + the one being copied in; later micro-batches accumulate into the buckets; at
 the second step's forward DDP rebuilds them, the old ones alive beside the new);
 layer-wise ddp adds the gradient whose all-reduce is in flight; fsdp
-divides weights, grads and state by N and adds its all-gather working set.
+divides weights, grads and state by N and adds its all-gather working set (with
+memory.optimizer_offload the divided weights, grads and state are host bytes).
 
 Hugging Face models deeper than ``EXACT_DEPTH`` are built (on meta) and traced with 2 and 3
 layers, and every quantity — weights, the trainable parameters, the traced bytes — is
@@ -45,7 +46,7 @@ from memfit.plan import costs, meta, per_device
 from memfit.plan.trace import TraceResult, trace_micro_batch
 from memfit.plan.workload import ExampleBatch, workload
 from memfit.techniques.precision import AUTOCAST_DTYPES
-from memfit.techniques.quantize_stand_in import quantized_path
+from memfit.techniques.quantize_stand_in import QuantizedLinear, quantized_path
 
 EXACT_DEPTH = 4
 
@@ -97,7 +98,8 @@ def estimate(config: Config, device: str = "cuda",
     optimizer = costs.optimizer_cost(params, config)
     devices = per_device.sharded_over(config)
     shard = lambda nbytes: -(-nbytes // devices)  # noqa: E731 - bytes on one device
-    grads = shard(costs.grad_bytes(params))
+    host_shards = per_device.shards_on_host(config, device)  # FSDP2's CPUOffloadPolicy
+    grads = 0 if host_shards else shard(costs.grad_bytes(params))
     largest = costs.largest_trainable_bytes(params)
     # On a CPU-only machine the host is the device: the state stays where it was.
     offload = config.memory.optimizer_offload and device != "cpu"
@@ -106,7 +108,7 @@ def estimate(config: Config, device: str = "cuda",
     before_backward = in_backward = without  # one device: the same upper bound
     if devices > 1:
         with_grads, before_backward, in_backward = per_device.fsdp_in_backward(
-            trace, devices, sizing.units)
+            trace, devices, sizing.units, grad_shards_on_host=host_shards)
         without = max(before_backward, in_backward,
                       key=lambda split: sum(split.values()) - split["grads"])
     buckets = per_device.ddp_bucket_bytes(params, config)
@@ -154,11 +156,15 @@ def estimate(config: Config, device: str = "cuda",
             candidates.append(later_micro_batch)
     peak = max(candidates, key=lambda c: sum(c.values()))
     weights = per_device.sharded_weights(config, sizing.weight_bytes)
-    split = {"weights": weights, "grads": peak["grads"], "optimizer": state,
+    split = {"weights": 0 if host_shards else weights, "grads": peak["grads"],
+             "optimizer": state,
              "activations": peak["activations"], "temporaries": peak["temporaries"]}
     total = sum(split.values())
     host = trace.host_peak_bytes
-    if offload:  # state, fp32 host copies of the trainable weights and of their grads
+    if host_shards:  # each process's shards of the weights, their grads and the state
+        host += weights + shard(costs.grad_bytes(params)) + per_device.state_bytes(
+            params, config, optimizer.state_bytes)
+    elif offload:  # state, fp32 host copies of the trainable weights and of their grads
         host += optimizer.state_bytes + 2 * 4 * sum(p.numel for p in params)
     return Estimate(split, total, costs.device_overhead_bytes(total, device), host,
                     config.train.micro_batch_size, config.train.gradient_accumulation_steps)
@@ -171,21 +177,26 @@ def _inputs_in_step(config: Config, sizing: _Sizing, device: str) -> int:
     return batches * sizing.batch_bytes
 
 
+def _gathered(module: nn.Module) -> list[torch.Tensor]:
+    """What FSDP2 gathers of ``module``: its floating-point parameters, and the quantized
+    base's bytes (the stand-in's buffer; in training the packed uint8 parameter of
+    distributed.quantized_shards)."""
+    return [p for p in module.parameters() if p.is_floating_point()] + [
+        layer.quantized for layer in module.modules() if isinstance(layer, QuantizedLinear)]
+
+
 def _units(model: nn.Module) -> per_device.Units:
     """The largest item of any nn.ModuleList (the repeated blocks FSDP2 gathers one at a
-    time) and the floating-point weights outside them (the root unit); integer-stored
-    (quantized) weights are not gathered."""
-    def sizes(parameters: list[nn.Parameter]) -> tuple[int, int]:
-        gathered = [p for p in parameters if p.is_floating_point()]
-        return (sum(p.numel() * p.element_size() for p in gathered),
-                sum(p.numel() * p.element_size() for p in gathered if p.requires_grad))
+    time) and what is gathered outside them (the root unit)."""
+    def sizes(gathered: list[torch.Tensor]) -> tuple[int, int]:
+        return (sum(t.numel() * t.element_size() for t in gathered),
+                sum(t.numel() * t.element_size() for t in gathered if t.requires_grad))
 
     blocks = [item for module in model.modules() if isinstance(module, nn.ModuleList)
               for item in module]
-    in_blocks = {id(p) for block in blocks for p in block.parameters()}
-    block, block_trainable = max((sizes(list(b.parameters())) for b in blocks),
-                                 default=(0, 0))
-    root, root_trainable = sizes([p for p in model.parameters() if id(p) not in in_blocks])
+    in_blocks = {id(t) for block in blocks for t in _gathered(block)}
+    block, block_trainable = max((sizes(_gathered(b)) for b in blocks), default=(0, 0))
+    root, root_trainable = sizes([t for t in _gathered(model) if id(t) not in in_blocks])
     return per_device.Units(block, block_trainable, root, root_trainable)
 
 

@@ -15,8 +15,12 @@ ddp   every rank holds the whole model and the whole optimizer state, as one pro
       backward are not DDP's (memfit all-reduces their r x n projection): as one process.
       Layer-wise updates do without DDP: each gradient is all-reduced from its hook while
       the next one is computed, so one more full-size gradient is alive than in one process.
-fsdp  weights, gradients and optimizer state divided by the processes (a QLoRA 4-bit base
-      replicated); FSDP2's all-gather working set added in forward and backward. An
+fsdp  weights (a QLoRA base's codes and scales too), gradients and optimizer state divided
+      by the processes; FSDP2's all-gather working set added in forward and backward
+      (a block's quantized bytes gathered as stored). With memory.optimizer_offload on an
+      accelerator (FSDP2's CPUOffloadPolicy) the divided weights, gradients and state are
+      host bytes: the device keeps the gathered units, the gradients still whole before
+      their reduce-scatter, and the activations. An
       optimizer stepping each process's rows (8-bit AdamW, Adafactor, GaLore) keeps the
       state of those rows, costed by its spec on each device's rows, the most loaded
       device counting (an 8-bit shard under 4096 values keeps fp32 moments; its blocks of
@@ -27,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from memfit.config.schema import AdapterKind, Config, DistributedStrategy
+from memfit.config.schema import Config, DistributedStrategy
 from memfit.distributed.row_shards import RowShard
 from memfit.distributed.strategies import strategy_for
 from memfit.plan.trace import TraceResult
@@ -38,7 +42,8 @@ Split = dict[str, int]  # bytes by category at one moment
 
 @dataclass(frozen=True)
 class Units:
-    """Floating-point weight bytes of FSDP2's units (distributed.fsdp: one per block)."""
+    """Weight bytes FSDP2 gathers per unit (distributed.fsdp: one per block): the
+    floating-point weights and a quantized base's codes and scales."""
 
     block: int  # the largest repeated block
     block_trainable: int  # ... its trainable part (its unsharded gradients)
@@ -53,11 +58,17 @@ def sharded_over(config: Config) -> int:
 
 
 def sharded_weights(config: Config, weight_bytes: int) -> int:
-    """Weights on one device: FSDP2 shards all but a QLoRA 4-bit base (memfit.distributed.fsdp)."""
-    devices = sharded_over(config)
-    if devices == 1 or config.adapter.kind is AdapterKind.QLORA:
-        return weight_bytes
-    return -(-weight_bytes // devices)
+    """Weights one process holds: FSDP2 shards all of them, a QLoRA base's packed codes
+    and scales included (memfit.distributed.quantized_shards)."""
+    return -(-weight_bytes // sharded_over(config))
+
+
+def shards_on_host(config: Config, device: str) -> bool:
+    """memory.optimizer_offload under fsdp: FSDP2's CPUOffloadPolicy keeps each process's
+    shards of the weights, their gradients and the optimizer state in host memory (on a
+    CPU-only machine the host is the device: nothing moves)."""
+    return (config.distributed.strategy is DistributedStrategy.FSDP
+            and config.memory.optimizer_offload and device != "cpu")
 
 
 def state_bytes(params: list[Param], config: Config, whole_state: int) -> int:
@@ -96,8 +107,8 @@ def whole_grad_bytes(units: Units) -> int:
     return units.block_trainable + units.root_trainable
 
 
-def fsdp_in_backward(trace: TraceResult, devices: int,
-                     units: Units) -> tuple[Split, Split, Split]:
+def fsdp_in_backward(trace: TraceResult, devices: int, units: Units,
+                     grad_shards_on_host: bool = False) -> tuple[Split, Split, Split]:
     """The traced forward/backward peaks on one FSDP2 device, with the grads sharded, plus
     the all-gather working set: (with the grads, without them before backward, without
     them in backward).
@@ -112,13 +123,16 @@ def fsdp_in_backward(trace: TraceResult, devices: int,
     counted whole. Without the grads: the start of backward (the forward peak), and the
     backward moment with the most bytes besides grads (the activations of the blocks not
     yet reached), where a model whose forward peak is its logits peaks once FSDP2 has
-    divided the grads, and where a layer-wise hook's grads are alive."""
+    divided the grads, and where a layer-wise hook's grads are alive.
+    ``grad_shards_on_host``: the reduce-scattered shards go to the host (CPUOffloadPolicy),
+    so the device holds only the gradients still whole."""
     forward = units.root + 2 * units.block
     backward = max(forward + units.block_trainable, units.root + units.root_trainable)
     whole = whole_grad_bytes(units)
     grads = trace.peak["grads"]
     in_backward = grads > 0  # or the forward peak, grads still to come
-    sharded = min(grads, -(-grads // devices) + whole - whole // devices)
+    on_device = 0 if grad_shards_on_host else -(-grads // devices) - whole // devices
+    sharded = min(grads, on_device + whole)
     with_grads = {**trace.peak, "grads": sharded,
                   "temporaries": trace.peak["temporaries"] + (backward if in_backward
                                                               else forward)}

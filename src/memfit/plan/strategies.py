@@ -10,7 +10,11 @@ preference (docs/planner.md explains it): quality first, then speed —
            LoRA 85.61, GaLore paper; 8-bit Adam matches 32-bit; a 4-bit base is lossy)
   levels   plain, +ckpt (checkpointing, and chunked loss for LMs: ~30% slower),
            +offload (also activations and, but for layer-wise, optimizer state in host
-           memory: slowest)
+           memory: slowest; under fsdp QLoRA's too, where FSDP2's CPUOffloadPolicy
+           holds each process's shards of the 4-bit base, the adapters and their state.
+           Not LoRA's: its base would be host bytes in bf16, four times as many, pinned
+           and copied to the device twice a step, and the plan has no host budget to
+           weigh them against)
 
 so every level of a method is tried before the next method.
 """
@@ -60,11 +64,13 @@ def levels(state_offload_ok: bool, chunked_loss_ok: bool) -> list[tuple[str, Ove
     return [("", dict(_OFF)), ("+ckpt", checkpointing), ("+offload", offload)]
 
 
-def strategies(chunked_loss_ok: bool) -> list[tuple[str, Overrides]]:
-    """Every (name, overrides) in order of preference."""
+def strategies(chunked_loss_ok: bool, sharded: bool = False) -> list[tuple[str, Overrides]]:
+    """Every (name, overrides) in order of preference; ``sharded``: as planned under fsdp,
+    whose host offload (CPUOffloadPolicy) moves a QLoRA run's shards too."""
     ordered = []
     for method, overrides in METHODS:
-        state_offload_ok = overrides["adapter.kind"] == "none" and not overrides[
+        kind = overrides["adapter.kind"]
+        state_offload_ok = (kind == "none" or (sharded and kind == "qlora")) and not overrides[
             "optimizer.layerwise"]
         for suffix, memory in levels(state_offload_ok, chunked_loss_ok):
             ordered.append((method + suffix, {**overrides, **memory}))
