@@ -1,8 +1,9 @@
 """QLoRA under FSDP2 with the quantized base sharded (distributed/quantized_shards.py), on
 2 gloo processes, fp32 so that sharding alone is compared:
 
-- NF4 (double quantized) and int8 bases: the losses equal one unsharded process on the
-  same global batch (the gathered codes and scales are bitsandbytes' own, bit for bit);
+- NF4 (double quantized) and int8 bases, and NF4 with FSDP2's host offload
+  (memory.optimizer_offload: CPUOffloadPolicy): the losses equal one unsharded process
+  on the same global batch (the gathered codes and scales are bitsandbytes' own);
 - a checkpoint written by 2 processes resumes on 1, one written by 1 FSDP process
   resumes on 2, each continuing as the uninterrupted run;
 - ``memfit merge`` of the 2-process run equals the merge of the one-process run;
@@ -39,8 +40,8 @@ CASES = {"nf4": {"quantization": "nf4", "double_quant": True},
 
 
 def _config(root: Path, name: str, data: Path, processes: int, case: str,
-            strategy: str) -> Path:
-    return run_config(root, name, data,
+            strategy: str, **memory: bool) -> Path:
+    return run_config(root, name, data, memory=memory,
                       adapter={"kind": "qlora", "rank": 4, **CASES[case]},
                       train={"max_steps": STEPS, "micro_batch_size": 8 // (2 * processes),
                              "keep_checkpoints": 2},
@@ -72,6 +73,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for case in CASES:
         train(_config(root, f"{case}-single", data, 1, case, "none"))
         jobs.append({"train": str(_config(root, f"{case}-2", data, 2, case, "fsdp"))})
+    jobs.append({"train": str(_config(root, "nf4-offload-2", data, 2, "nf4", "fsdp",
+                                      optimizer_offload=True))})
     single = _config(root, "nf4-state-single", data, 1, "nf4", "none")
     write_state(str(single), 1, root / "nf4-single-state")
     jobs.append({"state": str(_config(root, "nf4-state-2", data, 2, "nf4", "fsdp")),
@@ -98,6 +101,8 @@ def test_two_processes_match_one_on_the_same_global_batch(runs: Path, case: str)
     single = _losses(runs / f"{case}-single")
     assert sorted(single) == list(range(1, STEPS + 1))
     assert _losses(runs / f"{case}-2") == pytest.approx(single, rel=1e-5)
+    if case == "nf4":
+        assert _losses(runs / "nf4-offload-2") == pytest.approx(single, rel=1e-5)
 
 
 def test_a_two_process_checkpoint_resumes_on_one(runs: Path):
