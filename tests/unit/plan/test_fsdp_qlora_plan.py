@@ -1,0 +1,54 @@
+"""The planner's view of QLoRA under FSDP2 (distributed/quantized_shards.py): the 4-bit
+base divided over the processes, a block's codes and scales in the all-gather working
+set, and with FSDP2's host offload (CPUOffloadPolicy) each process's shards counted as
+host bytes. tests/distributed/test_fsdp_qlora.py measures the sharded base."""
+
+from __future__ import annotations
+
+from memfit.config.schema import AdapterConfig
+from memfit.plan import estimate, meta, with_overrides
+from memfit.plan.costs import grad_bytes, trainable_params
+from memfit.plan.itemize import _units
+from memfit.plan.planner import load_plan_config
+from memfit.techniques.quantize import quantized_weight_bytes
+
+FSDP = {"distributed.strategy": "fsdp", "distributed.nproc": 2}
+# The tiny Llama's linear layers in one block (out, in): q, k, v, o, gate, up, down.
+BLOCK_LINEARS = [(64, 64), (32, 64), (32, 64), (64, 64), (176, 64), (176, 64), (64, 176)]
+
+
+def tiny_qlora(*overrides: str):
+    return load_plan_config(None, ["model.preset=tiny-llama", "data.max_length=64",
+                                   "train.micro_batch_size=1", "adapter.kind=qlora",
+                                   *overrides])
+
+
+def test_fsdp_divides_the_quantized_base():
+    config = tiny_qlora()
+    one = estimate(config, "cpu")
+    two = estimate(with_overrides(config, FSDP), "cpu")
+    assert two.bytes["weights"] == -(-one.bytes["weights"] // 2)
+
+
+def test_a_block_gathers_its_codes_and_scales():
+    config = with_overrides(tiny_qlora(), FSDP)
+    model = meta.build(config).model
+    block = model.base_model.model.model.layers[0]
+    floating = sum(p.nbytes for p in block.parameters() if p.is_floating_point())
+    quantized = sum(quantized_weight_bytes(out, inputs, AdapterConfig(kind="qlora"))
+                    for out, inputs in BLOCK_LINEARS)
+    assert _units(model).block == floating + quantized
+
+
+def test_host_offload_under_fsdp_holds_each_process_shards_on_the_host():
+    config = with_overrides(tiny_qlora(), FSDP)
+    on_device = estimate(config, "cuda")
+    offloaded = estimate(with_overrides(config, {"memory.optimizer_offload": True}), "cuda")
+    assert offloaded.bytes["weights"] == offloaded.bytes["optimizer"] == 0
+    params = trainable_params(meta.build(config).model, config)
+    assert offloaded.host_bytes == (on_device.bytes["weights"] + on_device.bytes["optimizer"]
+                                    + -(-grad_bytes(params) // 2))
+    assert offloaded.device_bytes < on_device.device_bytes
+    # On a CPU-only machine the host is the device: nothing moves.
+    assert estimate(with_overrides(config, {"memory.optimizer_offload": True}),
+                    "cpu").bytes["weights"] == estimate(config, "cpu").bytes["weights"]
