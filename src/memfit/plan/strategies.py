@@ -26,7 +26,7 @@ import typing
 from typing import Any
 
 from memfit.config.load import convert_value
-from memfit.config.schema import AdapterKind, Config, Task
+from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Task
 from memfit.techniques.optimizers import spec_for
 
 Overrides = dict[str, Any]
@@ -108,7 +108,8 @@ def next_cheaper(config: Config) -> Overrides | None:
        effective batch and the loss normalisation stay the same), down to 1;
     2. activation checkpointing; 3. chunked loss (causal LMs); 4. the optimizer spec's cheaper
        setting (8-bit AdamW state, GaLore's 8-bit inner rule);
-    5. activation offload; 6. optimizer-state offload.
+    5. activation offload; 6. optimizer-state offload (full-parameter training, and QLoRA
+       under fsdp: FSDP2's CPUOffloadPolicy, as ``strategies(sharded=True)``).
     """
     train, memory, optimizer = config.train, config.memory, config.optimizer
     if train.micro_batch_size > 1:
@@ -125,7 +126,9 @@ def next_cheaper(config: Config) -> Overrides | None:
         return cheaper_optimizer
     if not memory.activation_offload:
         return {"memory.activation_offload": True}
-    if (not memory.optimizer_offload and config.adapter.kind is AdapterKind.NONE
-            and not optimizer.layerwise):  # layer-wise steps run inside backward
+    sharded_qlora = (config.adapter.kind is AdapterKind.QLORA
+                     and config.distributed.strategy is DistributedStrategy.FSDP)
+    if (not memory.optimizer_offload and not optimizer.layerwise  # layer-wise: in backward
+            and (config.adapter.kind is AdapterKind.NONE or sharded_qlora)):
         return {"memory.optimizer_offload": True}
     return None

@@ -1,7 +1,8 @@
-"""The planner's view of QLoRA under FSDP2 (distributed/quantized_shards.py): the 4-bit
-base divided over the processes, a block's codes and scales in the all-gather working
-set, and with FSDP2's host offload (CPUOffloadPolicy) each process's shards counted as
-host bytes. tests/distributed/test_fsdp_qlora.py measures the sharded base."""
+"""The planner's view of QLoRA under FSDP2 (distributed/quantized_shards.py; the 4-bit
+base divided over the processes: tests/distributed/test_fsdp_rules.py): a block's codes
+and scales in the all-gather working set, FSDP2's host offload (CPUOffloadPolicy) with
+each process's shards counted as host bytes, and that offload as the OOM ladder's last
+rung. tests/distributed/test_fsdp_qlora.py measures the sharded base."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from memfit.plan import estimate, meta, with_overrides
 from memfit.plan.costs import grad_bytes, trainable_params
 from memfit.plan.itemize import _units
 from memfit.plan.planner import load_plan_config
+from memfit.plan.strategies import next_cheaper
 from memfit.techniques.quantize import quantized_weight_bytes
 
 FSDP = {"distributed.strategy": "fsdp", "distributed.nproc": 2}
@@ -21,13 +23,6 @@ def tiny_qlora(*overrides: str):
     return load_plan_config(None, ["model.preset=tiny-llama", "data.max_length=64",
                                    "train.micro_batch_size=1", "adapter.kind=qlora",
                                    *overrides])
-
-
-def test_fsdp_divides_the_quantized_base():
-    config = tiny_qlora()
-    one = estimate(config, "cpu")
-    two = estimate(with_overrides(config, FSDP), "cpu")
-    assert two.bytes["weights"] == -(-one.bytes["weights"] // 2)
 
 
 def test_a_block_gathers_its_codes_and_scales():
@@ -52,3 +47,15 @@ def test_host_offload_under_fsdp_holds_each_process_shards_on_the_host():
     # On a CPU-only machine the host is the device: nothing moves.
     assert estimate(with_overrides(config, {"memory.optimizer_offload": True}),
                     "cpu").bytes["weights"] == estimate(config, "cpu").bytes["weights"]
+
+
+def test_the_oom_ladder_ends_with_host_offload_for_sharded_qlora_only():
+    def bottom(config):
+        while (overrides := next_cheaper(config)) is not None:
+            config = with_overrides(config, overrides)
+        return config
+
+    assert bottom(with_overrides(tiny_qlora(), FSDP)).memory.optimizer_offload
+    assert not bottom(tiny_qlora()).memory.optimizer_offload  # one process: as LoRA
+    assert not bottom(with_overrides(tiny_qlora("adapter.kind=lora"),
+                                     FSDP)).memory.optimizer_offload
