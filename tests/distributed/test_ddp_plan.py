@@ -44,7 +44,8 @@ CASES.update({f"fsdp-{name}": {**sections, **_FSDP} for name, sections in [
     ("adamw8bit", CASES["adamw8bit"]), ("adafactor", CASES["adafactor"]),
     ("galore", CASES["galore"]), ("layerwise-adamw", CASES["layerwise-adamw"]),
     ("layerwise-galore", {"optimizer": {**GALORE, "layerwise": True}}),
-    ("adamw-offloaded", {"memory": {"optimizer_offload": True}})]})
+    ("adamw-offloaded", {"memory": {"optimizer_offload": True}}),
+    ("qlora", {"adapter": {"kind": "qlora"}})]})  # the 4-bit base sharded too
 # bitsandbytes keeps two 256-entry fp32 quantization maps (qmap1, qmap2: 2 KiB) shared by
 # every parameter, which the adamw8bit spec (techniques/optimizers/adamw8bit.py) does not
 # count: the plan is 1 KiB below the measurement (2 KiB of maps, 1 KiB of temporaries
