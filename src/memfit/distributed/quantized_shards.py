@@ -21,11 +21,15 @@ uint8 slice can only be viewed as fp32 there).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from memfit.techniques import quantize
+
+if TYPE_CHECKING:
+    from bitsandbytes.functional import QuantState
 
 
 @dataclass(frozen=True)
@@ -89,7 +93,7 @@ class PackedQuantizedLinear(nn.Module):
         return {part.name: data[part.start:part.stop].view(part.dtype).view(part.shape)
                 for part in self.parts}
 
-    def _quant_state(self, tensors: dict[str, torch.Tensor]):
+    def _quant_state(self, tensors: dict[str, torch.Tensor]) -> QuantState:
         """bitsandbytes' QuantState of a 4-bit layer around the gathered tensors."""
         from bitsandbytes.functional import QuantState
 
@@ -143,7 +147,8 @@ class PackedQuantizedLinear(nn.Module):
 
 def make_shardable(model: nn.Module) -> int:
     """Replace every bitsandbytes layer in ``model`` by a ``PackedQuantizedLinear``, in
-    place (the codes are moved, not copied). Returns how many."""
+    place, one layer at a time (its tensors are copied into the byte string and freed
+    with the old layer). Returns how many."""
     replaced = 0
     for name, module in list(model.named_modules()):
         if not quantize.is_quantized_layer(module):

@@ -99,7 +99,8 @@ def estimate(config: Config, device: str = "cuda",
     devices = per_device.sharded_over(config)
     shard = lambda nbytes: -(-nbytes // devices)  # noqa: E731 - bytes on one device
     host_shards = per_device.shards_on_host(config, device)  # FSDP2's CPUOffloadPolicy
-    grads = 0 if host_shards else shard(costs.grad_bytes(params))
+    grad_shards = shard(costs.grad_bytes(params))
+    grads = 0 if host_shards else grad_shards
     largest = costs.largest_trainable_bytes(params)
     # On a CPU-only machine the host is the device: the state stays where it was.
     offload = config.memory.optimizer_offload and device != "cpu"
@@ -157,13 +158,13 @@ def estimate(config: Config, device: str = "cuda",
     peak = max(candidates, key=lambda c: sum(c.values()))
     weights = per_device.sharded_weights(config, sizing.weight_bytes)
     split = {"weights": 0 if host_shards else weights, "grads": peak["grads"],
-             "optimizer": state,
-             "activations": peak["activations"], "temporaries": peak["temporaries"]}
+             "optimizer": state, "activations": peak["activations"],
+             "temporaries": peak["temporaries"]}
     total = sum(split.values())
     host = trace.host_peak_bytes
     if host_shards:  # each process's shards of the weights, their grads and the state
-        host += weights + shard(costs.grad_bytes(params)) + per_device.state_bytes(
-            params, config, optimizer.state_bytes)
+        host += weights + grad_shards + per_device.state_bytes(params, config,
+                                                                optimizer.state_bytes)
     elif offload:  # state, fp32 host copies of the trainable weights and of their grads
         host += optimizer.state_bytes + 2 * 4 * sum(p.numel for p in params)
     return Estimate(split, total, costs.device_overhead_bytes(total, device), host,
