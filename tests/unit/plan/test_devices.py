@@ -1,7 +1,7 @@
 """Bytes per device over several processes (distributed.strategy ddp and fsdp), and the
 recommendation for N devices: data parallel when some strategy fits one device, FSDP2
-otherwise. Planning only: no process is started (tests/distributed/test_ddp_plan.py
-measures)."""
+otherwise (QLoRA: sharded first). Planning only: no process is started
+(tests/distributed/test_ddp_plan.py measures)."""
 
 from __future__ import annotations
 
@@ -126,3 +126,21 @@ def test_fsdp_is_recommended_when_a_preferred_method_fits_only_sharded():
     method = first_fsdp.name.partition(":")[2]
     assert result.reason.startswith(f"FSDP2 (fsdp): {method} does not fit one device under "
                                     f"data parallel (ddp:{method} needs ")
+
+
+def test_sharded_qlora_is_recommended_before_replicated_qlora():
+    """The budget fits both fsdp:qlora+ckpt and ddp:qlora+ckpt and nothing before them: the
+    sharded one is recommended (memory.auto takes the same recommendation)."""
+    config = tiny_llama()
+    rows = plan(config, 2**40, device="cpu", devices=2).strategies
+    names = [row.name for row in rows]
+    assert names.index("fsdp:qlora") < names.index("ddp:qlora")
+    both = [row for row in rows if row.name in ("fsdp:qlora+ckpt", "ddp:qlora+ckpt")]
+    budget = max(row.estimate.device_bytes for row in both)
+    first = names.index("fsdp:qlora+ckpt")
+    assert all(row.estimate.device_bytes > budget for row in rows[:first])
+    result = plan(config, budget, device="cpu", devices=2)
+    assert result.recommended == "fsdp:qlora+ckpt"
+    assert {"fsdp:qlora+ckpt", "ddp:qlora+ckpt"} <= {r.name for r in result.strategies if r.fits}
+    assert result.reason.startswith("FSDP2 (fsdp): QLoRA shards its 4-bit base before "
+                                    "replicating it")

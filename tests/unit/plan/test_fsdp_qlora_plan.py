@@ -59,3 +59,4 @@ def test_the_oom_ladder_ends_with_host_offload_for_sharded_qlora_only():
     assert not bottom(tiny_qlora()).memory.optimizer_offload  # one process: as LoRA
     assert not bottom(with_overrides(tiny_qlora("adapter.kind=lora"),
                                      FSDP)).memory.optimizer_offload
+
