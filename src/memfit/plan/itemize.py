@@ -3,6 +3,8 @@
     weights      distinct parameter + buffer storages of the meta model (techniques applied)
     grads        trainable parameters' gradients, as many as are alive at the peak
     optimizer    optimizer state (costs.py); in host memory with memory.optimizer_offload
+                 (on a CPU device too: training really copies it, and the tracker counts
+                 its host pool apart; ``host_bytes``)
     activations  saved for backward (traced, trace.py)
     temporaries  everything else alive at the peak: in-flight forward values, gradients of
                  activations, optimizer-step scratch
@@ -99,8 +101,9 @@ def estimate(config: Config, device: str = "cuda",
     shard = lambda nbytes: -(-nbytes // devices)  # noqa: E731 - bytes on one device
     grads = shard(costs.grad_bytes(params))
     largest = costs.largest_trainable_bytes(params)
-    # On a CPU-only machine the host is the device: the state stays where it was.
-    offload = config.memory.optimizer_offload and device != "cpu"
+    # In host memory on a CPU device too: training copies it there (optimizer_offload.py)
+    # and the tracker counts it in its host pool, not on the device.
+    offload = config.memory.optimizer_offload
     state = 0 if offload else per_device.state_bytes(params, config, optimizer.state_bytes)
     with_grads, without = trace.peak, trace.peak_without_grads
     before_backward = in_backward = without  # one device: the same upper bound
@@ -158,8 +161,10 @@ def estimate(config: Config, device: str = "cuda",
              "activations": peak["activations"], "temporaries": peak["temporaries"]}
     total = sum(split.values())
     host = trace.host_peak_bytes
-    if offload:  # state, fp32 host copies of the trainable weights and of their grads
-        host += optimizer.state_bytes + 2 * 4 * sum(p.numel for p in params)
+    if offload:  # state, fp32 host copies of the trainable weights and of their grads,
+        # and the scratch of the step, which runs on the host
+        host += (optimizer.state_bytes + 2 * 4 * sum(p.numel for p in params)
+                 + optimizer.step_scratch_bytes)
     return Estimate(split, total, costs.device_overhead_bytes(total, device), host,
                     config.train.micro_batch_size, config.train.gradient_accumulation_steps)
 

@@ -34,7 +34,13 @@ from memfit.config.schema import AdapterKind
 from memfit.data.fingerprint import data_fingerprint
 from memfit.distributed.checkpoint import gathered_state_dict
 from memfit.models.fingerprint import base_fingerprint
-from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY, make_memory_meter, record_key
+from memfit.monitor.memory import (
+    CATEGORIES,
+    RECORD_HOST_PEAK_KEY,
+    RECORD_PEAK_KEY,
+    make_memory_meter,
+    record_key,
+)
 from memfit.monitor.memory_plot import plot_memory
 from memfit.monitor.metrics import MetricsLogger, read_metrics, strict_json
 from memfit.monitor.progress import ProgressBar
@@ -316,6 +322,15 @@ def _peak(records: list[dict[str, Any]], result) -> tuple[int, dict[str, int]] |
     return max(found, key=lambda item: item[0]) if found else None
 
 
+def _host_peak(records: list[dict[str, Any]], result) -> int | None:
+    """The most bytes the offload techniques held in host memory in any measured step (the
+    CPU tracker's host pool); None where it is not measured (CUDA)."""
+    found = [r[RECORD_HOST_PEAK_KEY] for r in records if RECORD_HOST_PEAK_KEY in r]
+    if result.peak is not None and result.peak.host_peak_bytes is not None:
+        found.append(result.peak.host_peak_bytes)
+    return max(found, default=None)
+
+
 def _summary(run: Run, result, run_dir: Path, exported: Path,
              records: list[dict[str, Any]]) -> dict[str, Any]:
     """The whole run from step 0, over every resumed segment (from metrics.jsonl)."""
@@ -345,6 +360,9 @@ def _summary(run: Run, result, run_dir: Path, exported: Path,
     peak = _peak(records, result)
     if peak is not None:
         summary["memory_peak_bytes"], summary["memory_peak_by_category"] = peak
+        host = _host_peak(records, result)
+        if host is not None:
+            summary[RECORD_HOST_PEAK_KEY] = host
     else:
         every = run.config.log.memory_every
         summary["memory_peak_bytes"] = None
