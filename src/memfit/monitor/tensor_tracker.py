@@ -160,6 +160,11 @@ class TensorTracker(TorchDispatchMode):
     def host_live_bytes(self) -> int:
         return self._host.total
 
+    def host_live_by_category(self) -> dict[str, int]:
+        """The host pool's live bytes by the role each storage has (state, master copies as
+        weights, offloaded activations...)."""
+        return dict(zip(CATEGORIES, self._host.bytes, strict=True))
+
     @property
     def host_peak_bytes(self) -> int:
         """The most host-pool bytes alive at once since ``reset_peak``."""

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import AdapterKind, Config
+from memfit.config.schema import AdapterKind, Config, DistributedStrategy
 from memfit.plan import costs, meta, per_device
 from memfit.plan.trace import TraceResult, trace_micro_batch
 from memfit.plan.workload import ExampleBatch, workload
@@ -80,6 +80,7 @@ class _Sizing:
     """What the model itself decides: weights, trainable parameters, one micro-batch."""
 
     weight_bytes: int
+    floating_param_bytes: int  # the parameters FSDP2 shards (not buffers, a quantized base)
     params: list[costs.Param]
     trace: TraceResult
     units: per_device.Units  # what FSDP2 gathers
@@ -105,13 +106,24 @@ def estimate(config: Config, device: str = "cuda",
     # and the tracker counts it in its host pool, not on the device.
     offload = config.memory.optimizer_offload
     state = 0 if offload else per_device.state_bytes(params, config, optimizer.state_bytes)
+    # FSDP2's CPUOffloadPolicy (distributed/host_offload.py): the shards of the weights,
+    # their grads and the state live on the host; a gradient is on the device while whole,
+    # before its unit's reduce-scatter.
+    host_shards = offload and config.distributed.strategy is DistributedStrategy.FSDP
+    if host_shards:
+        grads = 0
     with_grads, without = trace.peak, trace.peak_without_grads
     before_backward = in_backward = without  # one device: the same upper bound
-    if devices > 1:
+    # One FSDP2 process gathers its units too: with the shards on the host, the gathered
+    # weights are all the device holds of them.
+    if devices > 1 or host_shards:
         with_grads, before_backward, in_backward = per_device.fsdp_in_backward(
             trace, devices, sizing.units)
         without = max(before_backward, in_backward,
                       key=lambda split: sum(split.values()) - split["grads"])
+        if host_shards:
+            whole = per_device.whole_grad_bytes(sizing.units)
+            with_grads = {**with_grads, "grads": min(trace.peak["grads"], whole)}
     buckets = per_device.ddp_bucket_bytes(params, config)
     accumulating = config.train.gradient_accumulation_steps > 1
     # Every grad alive (DDP's are its buckets), plus the one being added to them.
@@ -145,7 +157,7 @@ def estimate(config: Config, device: str = "cuda",
         candidates = [first_micro_batch,
                       {"grads": grads, "activations": inputs,
                        "temporaries": 0 if offload else shard(optimizer.step_scratch_bytes)}]
-        if devices > 1:  # FSDP2 divides the grads: the peak can be without them
+        if devices > 1 or host_shards:  # FSDP2 divides the grads: the peak can be without them
             candidates.append({"grads": 0, "activations": without["activations"],
                                "temporaries": without["temporaries"]})
         if buckets:
@@ -157,11 +169,21 @@ def estimate(config: Config, device: str = "cuda",
             candidates.append(later_micro_batch)
     peak = max(candidates, key=lambda c: sum(c.values()))
     weights = per_device.sharded_weights(config, sizing.weight_bytes)
+    if host_shards:  # what FSDP2 does not shard stays: buffers, a quantized base
+        weights = sizing.weight_bytes - sizing.floating_param_bytes
     split = {"weights": weights, "grads": peak["grads"], "optimizer": state,
              "activations": peak["activations"], "temporaries": peak["temporaries"]}
     total = sum(split.values())
     host = trace.host_peak_bytes
-    if offload:  # state, fp32 host copies of the trainable weights and of their grads,
+    if host_shards:  # process 0's (the largest) shards of every weight, of the trainable
+        # ones' grads, their state and the step's scratch (the step runs on the host)
+        rows = per_device.rank_zero_rows(params, devices)
+        trainable = sum(p.nbytes for p in params)
+        frozen = -(-(sizing.floating_param_bytes - trainable) // devices)
+        on_host = costs.optimizer_cost(rows, config)
+        host += (frozen + 2 * sum(p.nbytes for p in rows) + on_host.state_bytes
+                 + on_host.step_scratch_bytes)
+    elif offload:  # state, fp32 host copies of the trainable weights and of their grads,
         # and the scratch of the step, which runs on the host
         host += (optimizer.state_bytes + 2 * 4 * sum(p.numel for p in params)
                  + optimizer.step_scratch_bytes)
@@ -218,6 +240,8 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
              device: str) -> _Sizing:
     built = meta.build(config, layers, device)
     weights = costs.weight_bytes(built.model)
+    floating = sum(p.numel() * p.element_size() for p in built.model.parameters()
+                   if p.is_floating_point())
     params = costs.trainable_params(built.model, config)
     make_batch, loss_sum = workload(config, built, example_batch)
     with torch.device("meta"):
@@ -226,7 +250,7 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
     trace = trace_micro_batch(built.model, make_batch, loss_sum,
                               AUTOCAST_DTYPES.get(config.precision),
                               config.memory.activation_offload)
-    return _Sizing(weights, params, trace, _units(built.model), batch_bytes)
+    return _Sizing(weights, floating, params, trace, _units(built.model), batch_bytes)
 
 
 def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
@@ -246,7 +270,8 @@ def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
                         grow_split(one.trace.backward_without_grads,
                                    two.trace.backward_without_grads),
                         grow(one.trace.host_peak_bytes, two.trace.host_peak_bytes))
-    return _Sizing(grow(one.weight_bytes, two.weight_bytes), params, trace,
+    return _Sizing(grow(one.weight_bytes, two.weight_bytes),
+                   grow(one.floating_param_bytes, two.floating_param_bytes), params, trace,
                    max(one.units, two.units, key=lambda units: units.block), one.batch_bytes)
 
 

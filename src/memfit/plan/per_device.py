@@ -149,3 +149,10 @@ def in_flight_reduction_bytes(params: list[Param], config: Config) -> int:
         return 0
     sizes = sorted(p.nbytes for p in params)
     return sizes[-2] if len(sizes) > 1 else 0
+
+
+def rank_zero_rows(params: list[Param], devices: int) -> list[Param]:
+    """The parameters as process 0 holds them under FSDP2: its rows of each (torch.chunk's
+    first chunk, the largest), so bytes costed on them are the most loaded process's."""
+    return [replace(p, shape=(-(-p.shape[0] // devices), *p.shape[1:])) if p.shape else p
+            for p in params]

@@ -19,13 +19,14 @@ device shows the weights and gradients only: the saving is measured, as on CUDA.
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from memfit.accounting import host_allocations, mark_host
+from memfit.accounting import host_allocations, mark_host, optimizer_state_tensors
 
 
 class HostOffloadOptimizer(Optimizer):
@@ -123,3 +124,21 @@ class HostOffloadOptimizer(Optimizer):
                 seen.add(storage.data_ptr())
                 total += storage.nbytes()
         return total
+
+
+def step_on_host(optimizer: Optimizer) -> Optimizer:
+    """``optimizer``, whose parameters already live in host memory (FSDP2's CPUOffloadPolicy
+    shards, distributed/host_offload.py), stepping inside ``host_allocations``: its state and
+    scratch are host memory too, for the CPU tracker as on CUDA. The same object (FSDP2's
+    sharded checkpoints read and write it as it is), its ``step`` rebound on the instance
+    (as a bound method: LR schedulers wrap ``step.__func__``)."""
+    step = optimizer.step
+
+    def step_in_host_memory(self: Optimizer, *args, **kwargs):  # noqa: ANN002, ANN003
+        with host_allocations():
+            result = step(*args, **kwargs)
+        mark_host(optimizer_state_tensors(self))  # state a later tracker meets
+        return result
+
+    optimizer.step = types.MethodType(step_in_host_memory, optimizer)
+    return optimizer

@@ -35,7 +35,7 @@ from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Preci
 from memfit.models.classifier import HEAD_SUFFIXES, head_names
 from memfit.models.load import TORCH_DTYPES
 from memfit.techniques import checkpointing, chunked_loss, lora, quantize, quantize_stand_in
-from memfit.techniques.optimizer_offload import HostOffloadOptimizer
+from memfit.techniques.optimizer_offload import HostOffloadOptimizer, step_on_host
 
 Stage = Literal["load", "model", "device", "optimizer", "step"]
 STAGES: tuple[Stage, ...] = ("load", "model", "device", "optimizer", "step")
@@ -161,7 +161,8 @@ def _cast_to_bf16(model: nn.Module, setting: Setting) -> nn.Module:
 def _offload_optimizer(optimizer: torch.optim.Optimizer, setting: Setting
                        ) -> torch.optim.Optimizer:
     if setting.config.distributed.strategy is DistributedStrategy.FSDP:
-        return optimizer  # FSDP2's CPUOffloadPolicy holds the shards on the host already
+        # FSDP2's CPUOffloadPolicy holds the shards on the host already: step them there.
+        return step_on_host(optimizer)
     return HostOffloadOptimizer(optimizer)
 
 

@@ -68,6 +68,9 @@ class RunResult:
     # This process's highest measured training step (tensor bytes) in this call; the
     # summary (rank 0's) covers the whole run. None when no step was measured.
     peak_bytes: int | None = None
+    # The host bytes this process's offload held at most in that step (the CPU tracker's
+    # host pool); None on CUDA or when no step was measured.
+    host_peak_bytes: int | None = None
 
 
 def _as_config(config: Config | dict | str | Path) -> Config:
@@ -294,9 +297,10 @@ def _train_in(run: Run, run_dir: Path, state: TrainerState, resumed_from: int | 
         logger.close()
     full_state = gathered_state_dict(run.model)  # collective; None when not sharded
     peak_bytes = result.peak.peak_bytes if result.peak is not None else None
+    host_peak_bytes = result.peak.host_peak_bytes if result.peak is not None else None
     if not main:
         return RunResult(run_dir, result.state.step, result.losses, result.eval_losses,
-                         peak_bytes=peak_bytes)
+                         peak_bytes=peak_bytes, host_peak_bytes=host_peak_bytes)
     records = read_metrics(run_dir)
     measured = [r for r in records if RECORD_PEAK_KEY in r]
     if measured:
@@ -309,7 +313,7 @@ def _train_in(run: Run, run_dir: Path, state: TrainerState, resumed_from: int | 
         summary["auto_fit"] = choice
     write_text(run_dir / "summary.json", strict_json(summary, indent=2))
     return RunResult(run_dir, result.state.step, result.losses, result.eval_losses, summary,
-                     peak_bytes)
+                     peak_bytes, host_peak_bytes)
 
 
 def _peak(records: list[dict[str, Any]], result) -> tuple[int, dict[str, int]] | None:
