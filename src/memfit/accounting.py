@@ -241,9 +241,6 @@ class HostStorages:
                 if key not in self.ids:
                     self.ids[key] = weakref.ref(storage, lambda _, key=key: self._drop(key))
 
-    def holds(self, storage: torch.UntypedStorage) -> bool:
-        return self.allocating > 0 or id(storage) in self.ids
-
     def _drop(self, key: int) -> None:
         self.ids.pop(key, None)
 
