@@ -25,7 +25,9 @@ peaks at the smaller of: its trace + the buckets, and the trace without grads + 
 grad + the one being copied in; later micro-batches accumulate into the buckets; at
 the second step's forward DDP rebuilds them, the old ones alive beside the new);
 layer-wise ddp adds the gradient whose all-reduce is in flight; fsdp
-divides weights, grads and state by N and adds its all-gather working set.
+divides weights, grads and state by N and adds its all-gather working set (with
+memory.optimizer_offload, FSDP2's CPUOffloadPolicy, the shards, their grads and state are
+host bytes instead, and the device keeps the gathered units and the whole gradients).
 
 Hugging Face models deeper than ``EXACT_DEPTH`` are built (on meta) and traced with 2 and 3
 layers, and every quantity — weights, the trainable parameters, the traced bytes — is

@@ -227,10 +227,11 @@ TECHNIQUES: tuple[TechniqueSpec, ...] = (
         name="optimizer offload",
         keys=("memory.optimizer_offload",),
         stage="optimizer", enabled=lambda config: config.memory.optimizer_offload,
-        plan="plan.itemize counts the state, fp32 master weights and grads as host bytes, "
-             "and no step scratch on the device (on a CPU-only machine the host is the "
-             "device: nothing moves); under FSDP2 its CPUOffloadPolicy (distributed.fsdp) "
-             "keeps the sharded weights, grads and state on the host and steps there",
+        plan="plan.itemize counts the state, fp32 master weights and grads and the step's "
+             "scratch as host bytes, none of them on the device (on a CPU device too: the "
+             "copies are host-tagged storage the tracker counts apart); under FSDP2 its "
+             "CPUOffloadPolicy (distributed.fsdp, distributed.host_offload) keeps the "
+             "sharded weights, grads and state on the host and steps there",
         apply=_offload_optimizer),
 )
 
