@@ -32,10 +32,12 @@ def count_shards_as_host(model: nn.Module) -> None:
     """Tag ``model``'s sharded parameters as host memory and move their gradient shards to
     host-tagged storage as FSDP2 produces them. Call right after ``fully_shard``."""
     for parameter in model.parameters():
-        if isinstance(parameter, DTensor):  # replicated (ignored) parameters stay on device
-            mark_host((parameter,))
-            if parameter.requires_grad:
-                parameter.register_post_accumulate_grad_hook(_gradient_to_host)
+        if not isinstance(parameter, DTensor):  # replicated (ignored): stays on the device
+            continue
+        mark_host((parameter,))
+        # On a GPU, FSDP2 already copies each gradient shard to the host itself.
+        if parameter.requires_grad and parameter.device_mesh.device_type == "cpu":
+            parameter.register_post_accumulate_grad_hook(_gradient_to_host)
 
 
 def _gradient_to_host(parameter: torch.Tensor) -> None:
