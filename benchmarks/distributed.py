@@ -26,8 +26,9 @@ torch.distributed's collectives per step, counted by wrapping them in the worker
 (all-gathers: its shard; reduce-scatters: the whole gradient it reduces; all-reduces: the
 tensor), averaged over the steps; the final checkpoint's few metadata exchanges included.
 
-On CPU the host is the device, so host offload's row measures what AdamW's does (the
-tracker counts host tensors too); it shows that the case trains, not what it saves.
+Host offload is measured on CPU too: what memfit and FSDP2's CPUOffloadPolicy keep on the
+host (master copies or shards, gradients, state) is the tracker's host pool, not the
+device's peak (docs/planner.md, "Host memory").
 
 Runtime on 2 CPU cores: about 8 minutes (measured 7 min 48 s), most of it starting 21
 runs, loading the model in each process and writing each run's final checkpoint.

@@ -25,10 +25,17 @@ things (a weight saved for backward, say) counts as the first (``outranks``):
 A storage's category can be learned after it was counted (a gradient buffer becomes
 ``.grad``; ``exp_avg`` is stored into ``optimizer.state``; a fresh result is then saved for
 backward): the counter then moves it up (``LiveStorages.promote``), never down.
+
+Host memory is a pool of its own (``HOST``): storages memfit puts in host memory on purpose
+(offloaded activations, the optimizer state and master copies of optimizer offload, FSDP2's
+offloaded shards) are tagged there, by ``mark_host`` or by being allocated inside
+``host_allocations()``, and the tracker counts them apart from the device even when the
+device is the CPU, so an offload's saving is measured rather than assumed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -197,10 +204,60 @@ class LiveStorages:
         self.total += nbytes - record.nbytes
         record.nbytes = nbytes
 
-    def _forget(self, record: CountedStorage) -> None:
-        # Runs when the StorageImpl dies (its Python object is preserved until then), so
-        # the id cannot have been reused yet.
+    def discount(self, record: CountedStorage) -> None:
+        """Stop counting ``record``'s storage (it is counted elsewhere from now on)."""
         if self.records.get(record.key) is record:
             del self.records[record.key]
             self.bytes[record.category] -= record.nbytes
             self.total -= record.nbytes
+
+    def _forget(self, record: CountedStorage) -> None:
+        # Runs when the StorageImpl dies (its Python object is preserved until then), so
+        # the id cannot have been reused yet.
+        self.discount(record)
+
+
+# ---- the host pool ------------------------------------------------------------------------
+class HostStorages:
+    """Storages memfit keeps in host memory on purpose, and whether it is allocating some now.
+
+    On a CUDA device they are CPU storages anyway; on a CPU device they look exactly like
+    the device's own, so the offload code says which they are: ``mark_host`` tags existing
+    tensors (a weak registry: a tag dies with its storage), and storages the tracker sees
+    created inside ``host_allocations()`` (an offloaded copy, the state an offloaded
+    optimizer creates in its step) are host storages from birth, never counted on the
+    device first. ``allocating`` is a plain counter so the tracker's per-op check is one
+    attribute read.
+    """
+
+    def __init__(self) -> None:
+        self.ids: dict[int, weakref.ref] = {}  # id(storage) -> weak reference to it
+        self.allocating = 0  # depth of host_allocations() contexts
+
+    def mark(self, tensors: Iterable[torch.Tensor]) -> None:
+        for tensor in tensors:
+            for storage in storages_of(tensor):
+                key = id(storage)
+                if key not in self.ids:
+                    self.ids[key] = weakref.ref(storage, lambda _, key=key: self._drop(key))
+
+    def _drop(self, key: int) -> None:
+        self.ids.pop(key, None)
+
+
+HOST = HostStorages()
+
+
+def mark_host(tensors: Iterable[torch.Tensor]) -> None:
+    """Tag the storages of ``tensors`` as host memory (see ``HostStorages``)."""
+    HOST.mark(tensors)
+
+
+@contextlib.contextmanager
+def host_allocations() -> Iterator[None]:
+    """Storages created inside are host memory (on the CPU: not counted on the device)."""
+    HOST.allocating += 1
+    try:
+        yield
+    finally:
+        HOST.allocating -= 1

@@ -105,6 +105,9 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
         parts = ", ".join(f"{name} {format_bytes(size)}"
                           for name, size in summary["memory_peak_by_category"].items())
         print(f"peak memory   {format_bytes(summary['memory_peak_bytes'])} ({parts})")
+        if summary.get("memory_host_peak_bytes"):
+            print(f"host memory   {format_bytes(summary['memory_host_peak_bytes'])} at most, "
+                  "offloaded (not in the peak above)")
     print(f"run folder    {run_dir}/")
     for name, what in [
         ("config.yaml", "the resolved configuration"),

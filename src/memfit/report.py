@@ -215,6 +215,10 @@ def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str) ->
     error = f"{(estimate.peak_tensor_bytes - peak) / peak:+.1%}" if usable else "-"
     rows.append(["peak (tensors)", format_bytes(estimate.peak_tensor_bytes),
                  "-" if peak is None else _bytes_text(peak)])
+    host = summary.get("memory_host_peak_bytes")  # the CPU tracker's host pool
+    if estimate.host_bytes or host:
+        rows.append(["host (offloaded)", format_bytes(estimate.host_bytes),
+                     _bytes_text(host) if _is_number(host) else "-"])
     overhead = (f" With the CUDA context and allocator slack the plan is "
                 f"{format_bytes(estimate.device_bytes)}." if plan_device == "cuda" else "")
     parts = [_table(["category", f"plan (device={plan_device})", "measured"], rows),

@@ -80,7 +80,8 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 def _optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
     tracker = TensorTracker()
     tracker.attach(optimizer=optimizer)  # counts what it holds now
-    return tracker.live_by_category()["optimizer"]
+    # Offloaded state is the tracker's host pool (on a CPU device too).
+    return tracker.live_by_category()["optimizer"] + tracker.host_live_by_category()["optimizer"]
 
 
 def _quantized_bytes(model: torch.nn.Module) -> int:

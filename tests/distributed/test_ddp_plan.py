@@ -1,7 +1,8 @@
 """The planner under data parallel and FSDP2 against 2 gloo processes: ``plan --devices 2``'s bytes
 per device at or above each rank's measured peak (the CPU tensor tracker's exact bytes)
-and within 15%; ``memory.auto`` on 2 processes plans once for 2 devices and every rank
-trains that choice, or the job stops with the planner's one line.
+and within 15%, and with FSDP2's host offload its host bytes against each rank's host
+pool; ``memory.auto`` on 2 processes plans once for 2 devices and every rank trains that
+choice, or the job stops with the planner's one line.
 
 The measured cases run in ONE torchrun job (ddp_plan_jobs.py), sharing a start-up.
 """
@@ -84,8 +85,9 @@ def case_config(root: Path, name: str, data: Path, sections: dict) -> Path:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, list[int]]]:
-    """name -> (config, [rank 0's peak bytes, rank 1's])."""
+def measured(tmp_path_factory: pytest.TempPathFactory
+             ) -> dict[str, tuple[Path, list[int], list[int | None]]]:
+    """name -> (config, [rank 0's peak bytes, rank 1's], [their host pools' peaks])."""
     root = tmp_path_factory.mktemp("ddp-plan")
     data = write_long_rows(root / "rows.jsonl")
     configs = {name: case_config(root, name, data, sections) for name, sections in CASES.items()}
@@ -98,8 +100,10 @@ def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
          str(out)],
         cwd=root, env=memfit_environment(), capture_output=True, text=True, timeout=600)
     assert job.returncode == 0, job.stderr[-4000:]
-    return {name: (path, [json.loads((out / f"{name}.rank-{rank}.json").read_text())
-                          ["peak_bytes"] for rank in (0, 1)])
+    ranks = {name: [json.loads((out / f"{name}.rank-{rank}.json").read_text())
+                    for rank in (0, 1)] for name in configs}
+    return {name: (path, [rank["peak_bytes"] for rank in ranks[name]],
+                   [rank["host_peak_bytes"] for rank in ranks[name]])
             for name, path in configs.items()}
 
 
@@ -111,7 +115,7 @@ def planned_bytes(config: Path) -> int:
     pytest.param(name, marks=pytest.mark.xfail(reason=ABOVE_15_PERCENT[name], strict=True))
     if name in ABOVE_15_PERCENT else name for name in CASES])
 def test_plan_per_device_is_within_15_percent_of_each_ranks_peak(measured, name: str):
-    config, peaks = measured[name]
+    config, peaks, _ = measured[name]
     planned = planned_bytes(config)
     for peak in peaks:
         assert abs(planned / peak - 1) <= 0.15, (planned, peaks)
@@ -122,8 +126,17 @@ def test_plan_per_device_is_within_15_percent_of_each_ranks_peak(measured, name:
     if name in BELOW_MEASURED else name for name in CASES])
 def test_plan_per_device_is_not_below_any_ranks_peak(measured, name: str):
     """Auto-fit relies on it: a plan below the measurement picks what runs out of memory."""
-    config, peaks = measured[name]
+    config, peaks, _ = measured[name]
     assert planned_bytes(config) >= max(peaks), (planned_bytes(config), peaks)
+
+
+def test_fsdp_host_offload_plan_is_each_ranks_host_pool(measured):
+    """CPUOffloadPolicy's shards, their grads and AdamW's state, counted as host memory on
+    CPU too (distributed/host_offload.py): the plan's host bytes are rank 0's (the largest
+    chunks) exactly, at or above rank 1's, and within 15% of both."""
+    config, _, hosts = measured["fsdp-adamw-offloaded"]
+    planned = estimate(from_mapping(read_yaml(config)), "cpu").host_bytes
+    assert planned == hosts[0] >= hosts[1] > 0.85 * planned, (planned, hosts)
 
 
 def _auto_config(root: Path, name: str, micro_batch_size: int) -> Path:

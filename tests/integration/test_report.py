@@ -50,7 +50,8 @@ def run_dir(tmp_path_factory) -> Path:
     run = folder / "run"
     result = run_cli("train", *tiny_run_arguments(
         data, run, "train.max_steps=3", "train.eval_every=2", "train.micro_batch_size=2",
-        "data.eval_fraction=0.2", "log.tensorboard=false"), cwd=folder)
+        "data.eval_fraction=0.2", "log.tensorboard=false",
+        "memory.activation_offload=true"), cwd=folder)  # host bytes to report
     assert result.returncode == 0, result.stderr
     return run
 
@@ -72,6 +73,7 @@ def test_report_is_one_self_contained_page(run_dir: Path, tmp_path: Path):
     assert page.references == page.images  # nothing but the embedded images
     assert "http://" not in text and "https://" not in text
     assert "plan (device=cpu)" in text and "optimizer:" in text  # plan table, config
+    assert "host (offloaded)" in text  # the plan's host bytes beside the tracker's host pool
     assert not list(out.parent.glob(".*.tmp"))  # written atomically
 
 

@@ -71,3 +71,22 @@ def test_a_quantized_run_counts_the_original_parameters(tmp_path: Path, instruct
         assert result.returncode == 0, result.stderr
         counts[kind] = summary_of(run)["total_parameters"]
     assert counts["qlora"] == counts["lora"]
+
+
+def test_an_offloading_run_reports_its_host_bytes_apart(tmp_path: Path, instructions: Path):
+    """On CPU the tracker's host pool holds what offload moved there: summary.json and the
+    printed summary give its peak, which the device peak does not include."""
+    run = tmp_path / "run"
+    result = run_in_process("train", *tiny_run_arguments(
+        instructions, run, "train.max_steps=2", "log.tensorboard=false",
+        "memory.activation_offload=true", "memory.optimizer_offload=true"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    steps = [r for r in read_metrics(run) if "memory_peak_bytes" in r]
+    summary = summary_of(run)
+    assert summary["memory_host_peak_bytes"] == max(r["memory_host_peak_bytes"] for r in steps)
+    # At least the offloaded activations of a step and the optimizer's host copies.
+    assert all(r["memory_host_peak_bytes"] >= r["host_activation_peak_bytes"] > 0
+               for r in steps)
+    assert all(r["memory_host_peak_bytes"] >= r["host_optimizer_bytes"] > 0 for r in steps)
+    assert summary["memory_peak_by_category"]["optimizer"] == 0
+    assert "host memory" in result.stdout

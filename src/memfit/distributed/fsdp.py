@@ -12,7 +12,8 @@ gradients and optimizer state are sharded along dim 0 across the processes.
 - Host offload (memory.optimizer_offload=true): FSDP2's CPUOffloadPolicy keeps the
   sharded parameters, their gradients and so the optimizer state in host memory; each
   unit copies its shards to the device to all-gather them, the gradients come back after
-  the reduce-scatter, and the optimizer steps on the host.
+  the reduce-scatter, and the optimizer steps on the host (``host_offload.py`` tags all of
+  it as host memory, so the CPU tracker counts it apart on a CPU device too).
 - Quantized frozen weights (bitsandbytes 4-bit / 8-bit: integer codes whose scales live
   beside them as quant state) are sharded too: each layer's codes and scales become the
   bytes of one uint8 parameter first (``quantized_shards``), which FSDP2 shards and
@@ -33,6 +34,7 @@ from torch.distributed.fsdp import (
 )
 
 from memfit.config.schema import Precision
+from memfit.distributed.host_offload import count_shards_as_host
 from memfit.distributed.process_group import world_size
 from memfit.distributed.quantized_shards import make_shardable
 
@@ -60,6 +62,8 @@ def shard(model: nn.Module, blocks: list[nn.Module], precision: Precision,
     for block in blocks:
         fully_shard(block, **options)
     fully_shard(model, **options)
+    if host_offload:
+        count_shards_as_host(model)
     for unit in (module for module in model.modules() if isinstance(module, FSDPModule)):
         # Sum (set per unit: the setters do not recurse), as a plain SUM: gloo has no
         # pre-multiplied reduction.

@@ -14,11 +14,15 @@ The training loop uses only this::
 ``optimizer``, ``activations`` and ``temporaries`` at the moment of the peak (on CPU the
 parts sum to ``peak_bytes`` exactly). ``to_record()`` gives ``memory_peak_bytes``,
 ``memory_<category>_bytes``, ``memory_live_bytes_at_end`` (+ ``memory_budget_bytes``,
-``memory_peak_reserved_bytes`` when known); ``memory_plot`` reads those keys.
+``memory_peak_reserved_bytes``, ``memory_host_peak_bytes`` when known); ``memory_plot``
+reads those keys. None of the categories holds host memory: on CPU the tracker keeps what
+memfit offloads to the host in a pool of its own (``host_peak_bytes``).
 
 - CPU (``CpuMemoryMeter``): a ``TensorTracker`` (see ``tensor_tracker``) counts live tensor
   storages exactly, so bytes match ``plan`` to the byte and do not depend on the allocator;
-  with a budget it raises ``torch.OutOfMemoryError`` like a full device. If the body of
+  with a budget it raises ``torch.OutOfMemoryError`` like a full device. What the offload
+  techniques move to the host is counted apart (``host_peak_bytes``: the most host bytes
+  alive at once in the step), never in the device's peak. If the body of
   ``step()`` raises (OOM included), nothing is recorded for that step and the tracker
   stays consistent: tensors are subtracted as they die, so the caller can retry.
 - CUDA (``CudaMemoryMeter``): ``torch.cuda`` allocator statistics, peak reset at each step
@@ -56,6 +60,7 @@ from memfit.monitor.tensor_tracker import TensorTracker
 __all__ = [
     "CATEGORIES",
     "RECORD_BUDGET_KEY",
+    "RECORD_HOST_PEAK_KEY",
     "RECORD_PEAK_KEY",
     "CpuMemoryMeter",
     "CudaMemoryMeter",
@@ -78,6 +83,7 @@ class StepMemory:
     budget_bytes: int | None = None
     split_is_exact: bool = True
     peak_reserved_bytes: int | None = None  # CUDA caching allocator; None on CPU
+    host_peak_bytes: int | None = None  # offloaded to the host (CPU tracker); None on CUDA
 
     def to_record(self) -> dict[str, int]:
         """Flat integer keys for ``metrics.jsonl`` / TensorBoard and ``plot_memory``."""
@@ -88,10 +94,13 @@ class StepMemory:
             record[RECORD_BUDGET_KEY] = self.budget_bytes
         if self.peak_reserved_bytes is not None:
             record["memory_peak_reserved_bytes"] = self.peak_reserved_bytes
+        if self.host_peak_bytes is not None:
+            record[RECORD_HOST_PEAK_KEY] = self.host_peak_bytes
         return record
 
 
 RECORD_PEAK_KEY = "memory_peak_bytes"
+RECORD_HOST_PEAK_KEY = "memory_host_peak_bytes"
 RECORD_BUDGET_KEY = "memory_budget_bytes"
 
 
@@ -204,6 +213,7 @@ class CpuMemoryMeter(MemoryMeter):
             live_bytes_at_end=self.tracker.live_bytes,
             device="cpu",
             budget_bytes=self.budget_bytes,
+            host_peak_bytes=self.tracker.host_peak_bytes,
         )
 
 

@@ -21,13 +21,21 @@ the peak snapshot too when the storage was already alive at the peak, so the spl
 describes the moment of the peak as it is finally understood, while each new peak costs
 only copying five integers.
 
+Host memory is a pool of its own: a storage ``memfit.accounting.HOST`` says memfit keeps
+on the host (offloaded activations, optimizer offload's masters, grads and state, FSDP2's
+offloaded shards) is counted in ``host_live_bytes`` / ``host_peak_bytes`` and never in the
+device's totals, categories, peak or budget, even though on a CPU device it is a CPU
+storage like the others. The per-op cost is one attribute read per op that creates
+storages (is a host allocation under way?) and one dict lookup per new storage.
+
 With ``budget_bytes`` set, an op whose new storages would take the live total over the
 budget raises ``torch.OutOfMemoryError`` (the class CUDA raises) and its outputs are not
 counted, so a caller that catches the error can retry with a smaller workload.
 
 Not seen: memory an op uses internally and frees before returning (workspace inside one
 kernel), storages created before the tracker was entered and never attached or saved,
-sparse tensors, and non-CPU storages (the CUDA meter handles CUDA).
+sparse tensors, and non-CPU storages (the CUDA meter handles CUDA; the host bytes of a CUDA
+run are CPU storages this tracker is not entered around).
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from memfit.accounting import (
     ACTIVATIONS,
     CATEGORIES,
     GRADS,
+    HOST,
     OPTIMIZER,
     SAVED_FOR_BACKWARD,
     TEMPORARIES,
@@ -115,6 +124,8 @@ class TensorTracker(TorchDispatchMode):
         super().__init__()
         self.budget_bytes = budget_bytes
         self._live = LiveStorages()
+        self._host = LiveStorages()  # the host pool: never in _live too
+        self._host_peak = 0
         self._seq = 0  # storages counted so far: CountedStorage.born
         self._peak_total = 0
         self._peak_split = [0] * len(CATEGORIES)
@@ -144,6 +155,20 @@ class TensorTracker(TorchDispatchMode):
 
     def peak_by_category(self) -> dict[str, int]:
         return dict(zip(CATEGORIES, self._peak_split, strict=True))
+
+    @property
+    def host_live_bytes(self) -> int:
+        return self._host.total
+
+    def host_live_by_category(self) -> dict[str, int]:
+        """The host pool's live bytes by the role each storage has (state, master copies as
+        weights, offloaded activations...)."""
+        return dict(zip(CATEGORIES, self._host.bytes, strict=True))
+
+    @property
+    def host_peak_bytes(self) -> int:
+        """The most host-pool bytes alive at once since ``reset_peak``."""
+        return self._host_peak
 
     # ---- what to classify ------------------------------------------------------------
     def attach(
@@ -181,6 +206,7 @@ class TensorTracker(TorchDispatchMode):
                 live.relabel(ref, TEMPORARIES)
 
     def reset_peak(self) -> None:
+        self._host_peak = self._host.total
         self._peak_total = self._live.total
         self._peak_split = self._live.bytes.copy()
         self._peak_seq = self._seq
@@ -243,10 +269,10 @@ class TensorTracker(TorchDispatchMode):
         torch.UntypedStorage.resize_ = counted_resize
 
     def _storage_resized(self, storage: torch.UntypedStorage) -> None:
-        live, nbytes = self._live, storage.nbytes()
-        ref = live.records.get(id(storage))
+        nbytes = storage.nbytes()
+        ledger, ref = self._find(storage)
         if ref is not None:
-            live.resize(ref, nbytes)
+            ledger.resize(ref, nbytes)
         elif nbytes:
             self._add(storage, nbytes, fresh_category(self._pack_hook))
         self._update_peak()
@@ -278,7 +304,7 @@ class TensorTracker(TorchDispatchMode):
         new: list[tuple[torch.UntypedStorage, int]] = []
         grown: list[tuple[CountedStorage, int]] = []
         extra = 0
-        live = self._live
+        live, host = self._live, self._host
         for tensor in outputs:
             if not isinstance(tensor, torch.Tensor):
                 continue
@@ -288,6 +314,16 @@ class TensorTracker(TorchDispatchMode):
                     if may_resize and storage.nbytes() != ref.nbytes:
                         grown.append((ref, storage.nbytes()))
                         extra += storage.nbytes() - ref.nbytes
+                    continue
+                host_ref = host.records.get(id(storage))
+                if host_ref is not None:
+                    if may_resize and storage.nbytes() != host_ref.nbytes:
+                        self._resize_host(host_ref, storage.nbytes())
+                    continue
+                if HOST.allocating or id(storage) in HOST.ids:
+                    # An offload copying into host memory: not the device's, nor its budget's.
+                    if storage.nbytes():
+                        self._add(storage, storage.nbytes(), fresh_category(self._pack_hook))
                     continue
                 if new and any(s is storage for s, _ in new):
                     continue  # two outputs viewing one new storage (split, unbind...)
@@ -313,8 +349,33 @@ class TensorTracker(TorchDispatchMode):
         self._update_peak()
 
     def _add(self, storage: torch.UntypedStorage, nbytes: int, category: int) -> None:
+        """Count a storage seen for the first time, in the host pool if it is a host one."""
         self._seq += 1
-        self._live.count(storage, nbytes, category, self._seq)
+        if HOST.allocating or id(storage) in HOST.ids:
+            self._host.count(storage, nbytes, category, self._seq)
+            self._host_peak = max(self._host_peak, self._host.total)
+        else:
+            self._live.count(storage, nbytes, category, self._seq)
+
+    def _find(self, storage: torch.UntypedStorage) -> tuple[LiveStorages, CountedStorage | None]:
+        """The ledger counting ``storage`` (device or host) and its record (None: neither)."""
+        key = id(storage)
+        ref = self._live.records.get(key)
+        if ref is not None:
+            return self._live, ref
+        return self._host, self._host.records.get(key)
+
+    def _resize_host(self, ref: CountedStorage, nbytes: int) -> None:
+        self._host.resize(ref, nbytes)
+        self._host_peak = max(self._host_peak, self._host.total)
+
+    def _move_to_host(self, ref: CountedStorage, storage: torch.UntypedStorage) -> None:
+        """A storage counted on the device before it was tagged as host (tagged late, e.g.
+        by a caller's mark_host after the tracker saw it): host from now on. The device
+        peak already taken is left as it was."""
+        self._live.discount(ref)
+        self._host.count(storage, ref.nbytes, ref.category, ref.born)
+        self._host_peak = max(self._host_peak, self._host.total)
 
     def _update_peak(self) -> None:
         live = self._live
@@ -325,6 +386,9 @@ class TensorTracker(TorchDispatchMode):
 
     def _promote(self, ref: CountedStorage, category: int) -> None:
         old = ref.category
+        if self._live.records.get(ref.key) is not ref:  # a host storage: no device peak
+            self._host.promote(ref, category)
+            return
         if not self._live.promote(ref, category):
             return
         if ref.born <= self._peak_seq:
@@ -333,9 +397,13 @@ class TensorTracker(TorchDispatchMode):
             self._peak_split[category] += ref.nbytes
 
     def _classify(self, tensors: Iterable[torch.Tensor], category: int) -> None:
+        live = self._live
         for tensor in tensors:
             for storage in _cpu_storages(tensor):
-                ref = self._live.records.get(id(storage))
+                ledger, ref = self._find(storage)
+                if ref is not None and ledger is live and id(storage) in HOST.ids:
+                    self._move_to_host(ref, storage)
+                    ledger, ref = self._find(storage)
                 if ref is not None:
                     self._promote(ref, category)
                 elif storage.nbytes():
@@ -352,11 +420,16 @@ class TensorTracker(TorchDispatchMode):
         # The state an optimizer creates on its first step (and the grads it consumed) are
         # only recognisable once the step has stored them.
         self._classify_optimizer(optimizer)
+        if any(optimizer is attached for attached in self._optimizers):
+            # An optimizer stepping host copies (optimizer offload) consumed the model's
+            # own grads only through copies: those are the device's grads.
+            for model in self._models:
+                self._classify(grad_tensors(model.parameters()), GRADS)
         self._update_peak()
 
     def _on_pack(self, tensor: torch.Tensor) -> tuple[torch.Tensor, int]:
         for storage in _cpu_storages(tensor):
-            ref = self._live.records.get(id(storage))
+            _, ref = self._find(storage)
             if ref is not None:
                 self._promote(ref, SAVED_FOR_BACKWARD)
             elif storage.nbytes():

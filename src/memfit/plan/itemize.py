@@ -3,6 +3,8 @@
     weights      distinct parameter + buffer storages of the meta model (techniques applied)
     grads        trainable parameters' gradients, as many as are alive at the peak
     optimizer    optimizer state (costs.py); in host memory with memory.optimizer_offload
+                 (on a CPU device too: training really copies it, and the tracker counts
+                 its host pool apart; ``host_bytes``)
     activations  saved for backward (traced, trace.py)
     temporaries  everything else alive at the peak: in-flight forward values, gradients of
                  activations, optimizer-step scratch
@@ -24,7 +26,8 @@ grad + the one being copied in; later micro-batches accumulate into the buckets;
 the second step's forward DDP rebuilds them, the old ones alive beside the new);
 layer-wise ddp adds the gradient whose all-reduce is in flight; fsdp
 divides weights, grads and state by N and adds its all-gather working set (with
-memory.optimizer_offload the divided weights, grads and state are host bytes).
+memory.optimizer_offload, FSDP2's CPUOffloadPolicy, the shards, their grads and state are
+host bytes instead, and the device keeps the gathered units and the whole gradients).
 
 Hugging Face models deeper than ``EXACT_DEPTH`` are built (on meta) and traced with 2 and 3
 layers, and every quantity — weights, the trainable parameters, the traced bytes — is
@@ -79,6 +82,7 @@ class _Sizing:
     """What the model itself decides: weights, trainable parameters, one micro-batch."""
 
     weight_bytes: int
+    sharded_bytes: int  # what FSDP2 shards: the parameters and a quantized base's bytes
     params: list[costs.Param]
     trace: TraceResult
     units: per_device.Units  # what FSDP2 gathers
@@ -98,16 +102,22 @@ def estimate(config: Config, device: str = "cuda",
     optimizer = costs.optimizer_cost(params, config)
     devices = per_device.sharded_over(config)
     shard = lambda nbytes: -(-nbytes // devices)  # noqa: E731 - bytes on one device
-    host_shards = per_device.shards_on_host(config, device)  # FSDP2's CPUOffloadPolicy
     grad_shards = shard(costs.grad_bytes(params))
-    grads = 0 if host_shards else grad_shards
     largest = costs.largest_trainable_bytes(params)
-    # On a CPU-only machine the host is the device: the state stays where it was.
-    offload = config.memory.optimizer_offload and device != "cpu"
+    # In host memory on a CPU device too: training copies it there (optimizer_offload.py)
+    # and the tracker counts it in its host pool, not on the device.
+    offload = config.memory.optimizer_offload
     state = 0 if offload else per_device.state_bytes(params, config, optimizer.state_bytes)
+    # FSDP2's CPUOffloadPolicy (distributed/host_offload.py): the shards of the weights,
+    # their grads and the state live on the host; a gradient is on the device while whole,
+    # before its unit's reduce-scatter.
+    host_shards = per_device.shards_on_host(config)
+    grads = 0 if host_shards else grad_shards
     with_grads, without = trace.peak, trace.peak_without_grads
     before_backward = in_backward = without  # one device: the same upper bound
-    if devices > 1:
+    # One FSDP2 process gathers its units too: with the shards on the host, the gathered
+    # weights are all the device holds of them.
+    if devices > 1 or host_shards:
         with_grads, before_backward, in_backward = per_device.fsdp_in_backward(
             trace, devices, sizing.units, grad_shards_on_host=host_shards)
         without = max(before_backward, in_backward,
@@ -145,7 +155,7 @@ def estimate(config: Config, device: str = "cuda",
         candidates = [first_micro_batch,
                       {"grads": grads, "activations": inputs,
                        "temporaries": 0 if offload else shard(optimizer.step_scratch_bytes)}]
-        if devices > 1:  # FSDP2 divides the grads: the peak can be without them
+        if devices > 1 or host_shards:  # FSDP2 divides the grads: the peak can be without them
             candidates.append({"grads": 0, "activations": without["activations"],
                                "temporaries": without["temporaries"]})
         if buckets:
@@ -157,16 +167,25 @@ def estimate(config: Config, device: str = "cuda",
             candidates.append(later_micro_batch)
     peak = max(candidates, key=lambda c: sum(c.values()))
     weights = per_device.sharded_weights(config, sizing.weight_bytes)
-    split = {"weights": 0 if host_shards else weights, "grads": peak["grads"],
-             "optimizer": state, "activations": peak["activations"],
-             "temporaries": peak["temporaries"]}
+    if host_shards:  # what FSDP2 does not shard stays: buffers
+        weights = sizing.weight_bytes - sizing.sharded_bytes
+    split = {"weights": weights, "grads": peak["grads"], "optimizer": state,
+             "activations": peak["activations"], "temporaries": peak["temporaries"]}
     total = sum(split.values())
     host = trace.host_peak_bytes
-    if host_shards:  # each process's shards of the weights, their grads and the state
-        host += weights + grad_shards + per_device.state_bytes(params, config,
-                                                                optimizer.state_bytes)
-    elif offload:  # state, fp32 host copies of the trainable weights and of their grads
-        host += optimizer.state_bytes + 2 * 4 * sum(p.numel for p in params)
+    if host_shards:  # process 0's (the largest) shards of every weight (a quantized base's
+        # codes and scales too), of the trainable ones' grads, their state and the step's
+        # scratch (the step runs on the host)
+        rows = per_device.rank_zero_rows(params, devices)
+        trainable = sum(p.nbytes for p in params)
+        frozen = -(-(sizing.sharded_bytes - trainable) // devices)
+        on_host = costs.optimizer_cost(rows, config)
+        host += (frozen + 2 * sum(p.nbytes for p in rows) + on_host.state_bytes
+                 + on_host.step_scratch_bytes)
+    elif offload:  # state, fp32 host copies of the trainable weights and of their grads,
+        # and the scratch of the step, which runs on the host
+        host += (optimizer.state_bytes + 2 * 4 * sum(p.numel for p in params)
+                 + optimizer.step_scratch_bytes)
     return Estimate(split, total, costs.device_overhead_bytes(total, device), host,
                     config.train.micro_batch_size, config.train.gradient_accumulation_steps)
 
@@ -225,6 +244,7 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
              device: str) -> _Sizing:
     built = meta.build(config, layers, device)
     weights = costs.weight_bytes(built.model)
+    sharded = sum(t.numel() * t.element_size() for t in _gathered(built.model))
     params = costs.trainable_params(built.model, config)
     make_batch, loss_sum = workload(config, built, example_batch)
     with torch.device("meta"):
@@ -233,7 +253,7 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
     trace = trace_micro_batch(built.model, make_batch, loss_sum,
                               AUTOCAST_DTYPES.get(config.precision),
                               config.memory.activation_offload)
-    return _Sizing(weights, params, trace, _units(built.model), batch_bytes)
+    return _Sizing(weights, sharded, params, trace, _units(built.model), batch_bytes)
 
 
 def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
@@ -253,7 +273,8 @@ def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
                         grow_split(one.trace.backward_without_grads,
                                    two.trace.backward_without_grads),
                         grow(one.trace.host_peak_bytes, two.trace.host_peak_bytes))
-    return _Sizing(grow(one.weight_bytes, two.weight_bytes), params, trace,
+    return _Sizing(grow(one.weight_bytes, two.weight_bytes),
+                   grow(one.sharded_bytes, two.sharded_bytes), params, trace,
                    max(one.units, two.units, key=lambda units: units.block), one.batch_bytes)
 
 

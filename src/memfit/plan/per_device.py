@@ -63,12 +63,12 @@ def sharded_weights(config: Config, weight_bytes: int) -> int:
     return -(-weight_bytes // sharded_over(config))
 
 
-def shards_on_host(config: Config, device: str) -> bool:
+def shards_on_host(config: Config) -> bool:
     """memory.optimizer_offload under fsdp: FSDP2's CPUOffloadPolicy keeps each process's
     shards of the weights, their gradients and the optimizer state in host memory (on a
-    CPU-only machine the host is the device: nothing moves)."""
+    CPU device too, where distributed/host_offload.py tags them as host for the tracker)."""
     return (config.distributed.strategy is DistributedStrategy.FSDP
-            and config.memory.optimizer_offload and device != "cpu")
+            and config.memory.optimizer_offload)
 
 
 def state_bytes(params: list[Param], config: Config, whole_state: int) -> int:
@@ -163,3 +163,10 @@ def in_flight_reduction_bytes(params: list[Param], config: Config) -> int:
         return 0
     sizes = sorted(p.nbytes for p in params)
     return sizes[-2] if len(sizes) > 1 else 0
+
+
+def rank_zero_rows(params: list[Param], devices: int) -> list[Param]:
+    """The parameters as process 0 holds them under FSDP2: its rows of each (torch.chunk's
+    first chunk, the largest), so bytes costed on them are the most loaded process's."""
+    return [replace(p, shape=(-(-p.shape[0] // devices), *p.shape[1:])) if p.shape else p
+            for p in params]

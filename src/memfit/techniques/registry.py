@@ -35,7 +35,7 @@ from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Preci
 from memfit.models.classifier import HEAD_SUFFIXES, head_names
 from memfit.models.load import TORCH_DTYPES
 from memfit.techniques import checkpointing, chunked_loss, lora, quantize, quantize_stand_in
-from memfit.techniques.optimizer_offload import HostOffloadOptimizer
+from memfit.techniques.optimizer_offload import HostOffloadOptimizer, step_on_host
 
 Stage = Literal["load", "model", "device", "optimizer", "step"]
 STAGES: tuple[Stage, ...] = ("load", "model", "device", "optimizer", "step")
@@ -161,7 +161,8 @@ def _cast_to_bf16(model: nn.Module, setting: Setting) -> nn.Module:
 def _offload_optimizer(optimizer: torch.optim.Optimizer, setting: Setting
                        ) -> torch.optim.Optimizer:
     if setting.config.distributed.strategy is DistributedStrategy.FSDP:
-        return optimizer  # FSDP2's CPUOffloadPolicy holds the shards on the host already
+        # FSDP2's CPUOffloadPolicy holds the shards on the host already: step them there.
+        return step_on_host(optimizer)
     return HostOffloadOptimizer(optimizer)
 
 
@@ -226,10 +227,11 @@ TECHNIQUES: tuple[TechniqueSpec, ...] = (
         name="optimizer offload",
         keys=("memory.optimizer_offload",),
         stage="optimizer", enabled=lambda config: config.memory.optimizer_offload,
-        plan="plan.itemize counts the state, fp32 master weights and grads as host bytes, "
-             "and no step scratch on the device (on a CPU-only machine the host is the "
-             "device: nothing moves); under FSDP2 its CPUOffloadPolicy (distributed.fsdp) "
-             "keeps the sharded weights, grads and state on the host and steps there",
+        plan="plan.itemize counts the state, fp32 master weights and grads and the step's "
+             "scratch as host bytes, none of them on the device (on a CPU device too: the "
+             "copies are host-tagged storage the tracker counts apart); under FSDP2 its "
+             "CPUOffloadPolicy (distributed.fsdp, distributed.host_offload) keeps the "
+             "sharded weights, grads and state on the host and steps there",
         apply=_offload_optimizer),
 )
 

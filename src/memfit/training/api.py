@@ -34,7 +34,13 @@ from memfit.config.schema import AdapterKind
 from memfit.data.fingerprint import data_fingerprint
 from memfit.distributed.checkpoint import gathered_state_dict
 from memfit.models.fingerprint import base_fingerprint
-from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY, make_memory_meter, record_key
+from memfit.monitor.memory import (
+    CATEGORIES,
+    RECORD_HOST_PEAK_KEY,
+    RECORD_PEAK_KEY,
+    make_memory_meter,
+    record_key,
+)
 from memfit.monitor.memory_plot import plot_memory
 from memfit.monitor.metrics import MetricsLogger, read_metrics, strict_json
 from memfit.monitor.progress import ProgressBar
@@ -62,6 +68,9 @@ class RunResult:
     # This process's highest measured training step (tensor bytes) in this call; the
     # summary (rank 0's) covers the whole run. None when no step was measured.
     peak_bytes: int | None = None
+    # The host bytes this process's offload held at most in that step (the CPU tracker's
+    # host pool); None on CUDA or when no step was measured.
+    host_peak_bytes: int | None = None
 
 
 def _as_config(config: Config | dict | str | Path) -> Config:
@@ -288,9 +297,10 @@ def _train_in(run: Run, run_dir: Path, state: TrainerState, resumed_from: int | 
         logger.close()
     full_state = gathered_state_dict(run.model)  # collective; None when not sharded
     peak_bytes = result.peak.peak_bytes if result.peak is not None else None
+    host_peak_bytes = result.peak.host_peak_bytes if result.peak is not None else None
     if not main:
         return RunResult(run_dir, result.state.step, result.losses, result.eval_losses,
-                         peak_bytes=peak_bytes)
+                         peak_bytes=peak_bytes, host_peak_bytes=host_peak_bytes)
     records = read_metrics(run_dir)
     measured = [r for r in records if RECORD_PEAK_KEY in r]
     if measured:
@@ -303,7 +313,7 @@ def _train_in(run: Run, run_dir: Path, state: TrainerState, resumed_from: int | 
         summary["auto_fit"] = choice
     write_text(run_dir / "summary.json", strict_json(summary, indent=2))
     return RunResult(run_dir, result.state.step, result.losses, result.eval_losses, summary,
-                     peak_bytes)
+                     peak_bytes, host_peak_bytes)
 
 
 def _peak(records: list[dict[str, Any]], result) -> tuple[int, dict[str, int]] | None:
@@ -314,6 +324,15 @@ def _peak(records: list[dict[str, Any]], result) -> tuple[int, dict[str, int]] |
     if result.peak is not None:
         found.append((result.peak.peak_bytes, dict(result.peak.by_category)))
     return max(found, key=lambda item: item[0]) if found else None
+
+
+def _host_peak(records: list[dict[str, Any]], result) -> int | None:
+    """The most bytes the offload techniques held in host memory in any measured step (the
+    CPU tracker's host pool); None where it is not measured (CUDA)."""
+    found = [r[RECORD_HOST_PEAK_KEY] for r in records if RECORD_HOST_PEAK_KEY in r]
+    if result.peak is not None and result.peak.host_peak_bytes is not None:
+        found.append(result.peak.host_peak_bytes)
+    return max(found, default=None)
 
 
 def _summary(run: Run, result, run_dir: Path, exported: Path,
@@ -345,6 +364,9 @@ def _summary(run: Run, result, run_dir: Path, exported: Path,
     peak = _peak(records, result)
     if peak is not None:
         summary["memory_peak_bytes"], summary["memory_peak_by_category"] = peak
+        host = _host_peak(records, result)
+        if host is not None:
+            summary[RECORD_HOST_PEAK_KEY] = host
     else:
         every = run.config.log.memory_every
         summary["memory_peak_bytes"] = None

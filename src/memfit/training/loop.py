@@ -119,9 +119,10 @@ def _apply_rung(run: Run, rung: Rung, stream: BatchStream, logger: MetricsLogger
 
 
 def _host_bytes(run: Run) -> dict[str, int]:
-    """Host memory the offload techniques hold (their bytes leave the device's count)."""
+    """Host memory the offload techniques hold (their bytes leave the device's count; on a
+    CPU device the meter's host pool, memory_host_peak_bytes, counts them too)."""
     found = {}
-    if run.config.memory.activation_offload and run.device.type != "cpu":
+    if run.config.memory.activation_offload:
         found["host_activation_peak_bytes"] = run.activation_offload.peak_host_bytes
         run.activation_offload.reset_peak()
     if isinstance(run.optimizer, HostOffloadOptimizer):

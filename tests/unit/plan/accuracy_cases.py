@@ -222,6 +222,13 @@ STRATEGIES: dict[str, dict] = {
                                                 "memory": {"gradient_checkpointing": True}}))},
     "adamw-optimizer-offload": {"optimizer": {"name": "adamw"},
                                 "memory": {"optimizer_offload": True}},
+    # Measured on CPU too: the copies go to host-tagged storage the tracker counts apart.
+    "adamw-activation-offload": {"optimizer": {"name": "adamw"},
+                                 "memory": {"activation_offload": True}},
+    # With checkpointing, what is offloaded are the checkpointed blocks' inputs.
+    "lora-checkpointing-activation-offload": {
+        "adapter": {"kind": "lora", "rank": 4},
+        "memory": {"gradient_checkpointing": True, "activation_offload": True}},
     "chunked-loss": {"optimizer": {"name": "adamw"},
                      "memory": {"chunked_loss": True, "loss_chunk_tokens": 32}},
 }
@@ -231,12 +238,14 @@ STRATEGIES: dict[str, dict] = {
 # transformers' Conv1D); the autoencoder has no repeated blocks to checkpoint, and no
 # nn.Linear for bitsandbytes to quantize.
 SKIP = {("gpt2", "lora"), ("gpt2", "lora-checkpointing"), ("gpt2", "qlora"),
+        ("gpt2", "lora-checkpointing-activation-offload"),
         ("gpt2", "qlora-int8"), ("gpt2", "qlora-checkpointing"),
         ("conv-autoencoder", "lora-checkpointing"), ("conv-autoencoder", "qlora"),
         ("conv-autoencoder", "qlora-int8"), ("conv-autoencoder", "qlora-checkpointing")}
 # The GaLore family and the layer-wise, offload and chunked-loss cases run on the causal LMs
 # (GPT-2's Conv1D layers are GaLore targets too; chunked loss needs a causal LM).
-LANGUAGE_MODELS_ONLY = ("galore", "adamw-layerwise", "adamw-optimizer-offload", "chunked-loss")
+LANGUAGE_MODELS_ONLY = ("galore", "adamw-layerwise", "adamw-optimizer-offload", "chunked-loss",
+                        "adamw-activation-offload", "lora-checkpointing-activation-offload")
 # Architectures that are only there for their quantized base and for the GaLore family,
 # whose optimizer step (SVDs of 256 x 1024 matrices, full-size APOLLO updates) is the peak.
 WIDE_ONLY = {"llama-wide": ("qlora", "galore"),
@@ -274,6 +283,12 @@ def config_for(base: dict, overrides: dict) -> Config:
 def measure_peak_bytes(config: Config, steps: int = 3) -> int:
     """Peak live tensor bytes of real training steps on CPU (the memory meter's view), each
     the training loop's own step."""
+    return measure_device_and_host_peaks(config, steps)[0]
+
+
+def measure_device_and_host_peaks(config: Config, steps: int = 3) -> tuple[int, int]:
+    """The device's peak live tensor bytes and the host pool's (what offload moved there),
+    each the highest over ``steps`` real training steps on CPU."""
     from memfit.monitor.memory import CpuMemoryMeter
     from memfit.training.batches import BatchStream
     from memfit.training.build import build_run
@@ -286,10 +301,12 @@ def measure_peak_bytes(config: Config, steps: int = 3) -> int:
     train = config.train
     stream = BatchStream(run.splits.train, train.micro_batch_size, train.seed, run.collate)
     parts = step_parts(run)
+    host_peak = 0
     for _ in range(steps):
         batches = [stream.next_batch() for _ in range(train.gradient_accumulation_steps)]
         items = sum(run.objective.count(batch) for batch in batches)
         with meter.step():
             optimizer_step(parts, batches, items)
-    return meter.peak.peak_bytes
+        host_peak = max(host_peak, meter.last_step.host_peak_bytes)
+    return meter.peak.peak_bytes, host_peak
 

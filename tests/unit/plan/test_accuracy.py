@@ -11,6 +11,7 @@ from accuracy_cases import (
     RANK_8,
     STRATEGIES,
     cases,
+    measure_device_and_host_peaks,
     measure_peak_bytes,
     write_data,
 )
@@ -31,11 +32,13 @@ QUANTIZED = {("llama", "qlora"), ("llama-wide", "qlora"), ("llama-wide", "qlora-
 # Each optimizer's spec against the optimizer: every GaLore projector where its step is
 # the peak (SVDs of 256 x 1024 matrices, APOLLO's full-size scaled gradient), a
 # galore.modules subset on GPT-2's Conv1D layers, layer-wise updates accumulating full
-# gradients on refresh steps, and the offload and chunked-loss techniques.
+# gradients on refresh steps, and the chunked-loss technique.
 SPECS = {*(("llama-wide", f"galore-{projector}") for projector in PROJECTORS),
          ("gpt2", "galore-mlp-only"), ("llama-wide", "galore-layerwise-full-gradient"),
-         ("gpt2", "adamw-layerwise"), ("llama", "adamw-optimizer-offload"),
-         ("llama", "chunked-loss")}
+         ("gpt2", "adamw-layerwise"), ("llama", "chunked-loss")}
+# Offload measured on CPU: the copies live in host-tagged storage the tracker keeps apart.
+OFFLOADS = {("llama", "adamw-optimizer-offload"), ("llama", "adamw-activation-offload"),
+            ("llama", "lora-checkpointing-activation-offload")}
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +46,7 @@ def chosen_cases(tmp_path_factory):
     folder = tmp_path_factory.mktemp("plan-accuracy")
     data = write_data(folder)
     return {(arch, name): (config, example) for arch, name, config, example
-            in cases(data, folder) if (arch, name) in CHOSEN | QUANTIZED | SPECS}
+            in cases(data, folder) if (arch, name) in CHOSEN | QUANTIZED | SPECS | OFFLOADS}
 
 
 @pytest.mark.parametrize("case", sorted(CHOSEN), ids="-".join)
@@ -72,6 +75,18 @@ def test_optimizer_and_technique_plans_are_safe_and_close(chosen_cases, case):
     planned = estimate(config, device="cpu", example_batch=example).peak_tensor_bytes
     measured = measure_peak_bytes(config)
     assert 0 <= planned / measured - 1 <= 0.15, (planned, measured)
+
+
+@pytest.mark.parametrize("case", sorted(OFFLOADS), ids="-".join)
+def test_offload_plans_are_safe_and_close_on_device_and_host(chosen_cases, case):
+    """Each offload's saving measured, not assumed: the device peak and the host pool's
+    peak each at or above the tracker's exact bytes and within 15%."""
+    config, example = chosen_cases[case]
+    plan = estimate(config, device="cpu", example_batch=example)
+    device, host = measure_device_and_host_peaks(config)
+    assert host > 0
+    assert 0 <= plan.peak_tensor_bytes / device - 1 <= 0.15, (plan.peak_tensor_bytes, device)
+    assert 0 <= plan.host_bytes / host - 1 <= 0.15, (plan.host_bytes, host)
 
 
 # GPT-NeoX, Qwen2 and Phi-3 folders (fp32, 2 x 128 tokens) with rank-8 adapters on every

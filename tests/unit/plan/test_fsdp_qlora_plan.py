@@ -38,15 +38,20 @@ def test_a_block_gathers_its_codes_and_scales():
 def test_host_offload_under_fsdp_holds_each_process_shards_on_the_host():
     config = with_overrides(tiny_qlora(), FSDP)
     on_device = estimate(config, "cuda")
-    offloaded = estimate(with_overrides(config, {"memory.optimizer_offload": True}), "cuda")
-    assert offloaded.bytes["weights"] == offloaded.bytes["optimizer"] == 0
+    offloaded_config = with_overrides(config, {"memory.optimizer_offload": True})
+    offloaded = estimate(offloaded_config, "cuda")
+    # Only what FSDP2 does not shard (buffers) stays; no state on the device.
+    assert offloaded.bytes["optimizer"] == 0
+    assert offloaded.bytes["weights"] < on_device.bytes["weights"]
+    moved = on_device.bytes["weights"] - offloaded.bytes["weights"]
     params = trainable_params(meta.build(config).model, config)
-    assert offloaded.host_bytes == (on_device.bytes["weights"] + on_device.bytes["optimizer"]
-                                    + -(-grad_bytes(params) // 2))
+    # Process 0's shards (the largest), their grads and state, and the host step's scratch.
+    least = moved + on_device.bytes["optimizer"] + -(-grad_bytes(params) // 2)
+    assert least <= offloaded.host_bytes <= least + on_device.bytes["optimizer"]
     assert offloaded.device_bytes < on_device.device_bytes
-    # On a CPU-only machine the host is the device: nothing moves.
-    assert estimate(with_overrides(config, {"memory.optimizer_offload": True}),
-                    "cpu").bytes["weights"] == estimate(config, "cpu").bytes["weights"]
+    # On a CPU device the shards are host-tagged and counted apart too (host_offload.py).
+    on_cpu = estimate(offloaded_config, "cpu")
+    assert (on_cpu.bytes, on_cpu.host_bytes) == (offloaded.bytes, offloaded.host_bytes)
 
 
 def test_the_oom_ladder_ends_with_host_offload_for_sharded_qlora_only():

@@ -55,11 +55,11 @@ def test_state_dict_round_trip_with_weights_only_and_host_bytes():
     train(reference, restored, steps=2)
     for got, want in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-    # On a CPU-only machine the host is the device: only AdamW's two fp32 moments per
-    # parameter (+ a 4-byte step counter each) live there.
+    # Even on a CPU device: the fp32 master copy, its gradient buffer and AdamW's two fp32
+    # moments per parameter (+ a 4-byte step counter each) live in host memory.
     weights = sum(p.nbytes for p in model.parameters())
     steps = 4 * len(list(model.parameters()))
-    assert offloaded.host_bytes() == 2 * weights + steps
+    assert offloaded.host_bytes() == 4 * weights + steps
 
 
 def test_wrapping_after_a_step_is_refused():
@@ -82,3 +82,39 @@ def test_cuda_state_lives_on_the_host():
     assert all(v.device.type == "cpu" for s in offloaded.state.values() for v in s.values())
     for got, want in zip(model.parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(got.cpu(), want)
+
+
+def test_on_a_cpu_device_the_tracker_counts_masters_grads_and_state_as_host():
+    """The device keeps the weights and their gradients only (its peak is that of forward
+    and backward without any optimizer); the fp32 master copies, their gradient buffers,
+    AdamW's state and its step's scratch are the tracker's host pool."""
+    from memfit.monitor.memory import CpuMemoryMeter
+
+    model, reference = model_and_copy()
+    no_optimizer = CpuMemoryMeter()
+    no_optimizer.attach(reference)
+    with no_optimizer.step():
+        torch.manual_seed(1)  # the batch train() draws
+        reference(torch.randn(8, 6)).pow(2).mean().backward()
+    reference.zero_grad()
+    offloaded = HostOffloadOptimizer(torch.optim.AdamW(model.parameters(), lr=1e-2,
+                                                       foreach=False))
+    plain = torch.optim.AdamW(reference.parameters(), lr=1e-2, foreach=False)
+    meter = CpuMemoryMeter()
+    meter.attach(model, offloaded)
+    largest = max(p.nbytes for p in model.parameters())
+    for _ in range(2):  # the first step creates the state inside the step
+        with meter.step():
+            train(model, offloaded, steps=1)
+        memory = meter.last_step
+        assert memory.by_category["optimizer"] == 0
+        assert memory.peak_bytes == no_optimizer.last_step.peak_bytes
+        # AdamW (foreach=False) divides by sqrt(exp_avg_sq) / bias correction: two
+        # temporaries the size of the largest parameter, in the host step.
+        assert memory.host_peak_bytes == offloaded.host_bytes() + 2 * largest
+        assert memory.to_record()["memory_host_peak_bytes"] == memory.host_peak_bytes
+    assert meter.tracker.host_live_bytes == offloaded.host_bytes()
+    for _ in range(2):  # the same batches: train() draws them from seed 1 each call
+        train(reference, plain, steps=1)
+    for got, want in zip(model.parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
