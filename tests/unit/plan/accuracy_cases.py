@@ -274,6 +274,11 @@ def config_for(base: dict, overrides: dict) -> Config:
 def measure_peak_bytes(config: Config, steps: int = 3) -> int:
     """Peak live tensor bytes of real training steps on CPU (the memory meter's view), each
     the training loop's own step."""
+    return measure_peak(config, steps).peak_bytes
+
+
+def measure_peak(config: Config, steps: int = 3):
+    """The memory meter's StepMemory of the highest-peak step (bytes by category)."""
     from memfit.monitor.memory import CpuMemoryMeter
     from memfit.training.batches import BatchStream
     from memfit.training.build import build_run
@@ -291,5 +296,5 @@ def measure_peak_bytes(config: Config, steps: int = 3) -> int:
         items = sum(run.objective.count(batch) for batch in batches)
         with meter.step():
             optimizer_step(parts, batches, items)
-    return meter.peak.peak_bytes
+    return meter.peak
 
