@@ -8,7 +8,8 @@ other levels. A plan of every strategy at every length would take minutes for an
 model; instead:
 
 1. every candidate is planned at a short length (``SHORT_LENGTH``): one that does not fit
-   it never fits (the bytes grow with the length);
+   it fits no longer one (the bytes grow with the length); when none fits, the search
+   runs between ``MIN_LENGTH`` and it instead;
 2. the others at ``ANCHOR_LENGTH`` and twice that, longer than one chunk of the tiled
    MLP and of the loss, so that every tensor still growing with the length grows
    linearly (flash attention, chunked loss and tiled MLP keep nothing quadratic): the
@@ -37,6 +38,7 @@ from memfit.plan.strategies import METHODS, Overrides, levels, strategies, with_
 
 GIVEN = "config (as given)"
 SHORT_LENGTH = 1024
+MIN_LENGTH = 2  # a token and the next one it predicts
 ANCHOR_LENGTH = 16384
 _CONTENDER = 0.9  # searched exactly: predicted to reach 90% of the best prediction or more
 
@@ -46,7 +48,7 @@ class LongestFit:
     budget_bytes: int
     device: str
     context: int  # the model's context length: the longest searched
-    max_length: int | None  # None: not even SHORT_LENGTH tokens fit
+    max_length: int | None  # None: not even MIN_LENGTH tokens fit
     strategy: str | None
     overrides: Overrides  # the strategy's, plus data.max_length
     estimate: Estimate | None  # at max_length
@@ -74,12 +76,17 @@ def longest_fit(config: Config, budget: str | int, device: str = "cuda") -> Long
     line = sorted({short, min(ANCHOR_LENGTH, context), min(2 * ANCHOR_LENGTH, context)})[-2:]
     fitting = [name for name in search.names if search.fits(name, short)
                and all(search.bytes(name, length) is not None for length in line)]
+    shortest = short
+    if not fitting:  # the longest is below the short length, if anything fits
+        shortest, line = MIN_LENGTH, [MIN_LENGTH, short]
+        fitting = [name for name in search.names if search.fits(name, MIN_LENGTH)
+                   and search.bytes(name, short) is not None]
     if not fitting:
         return search.result(None, None, context)
     predicted = {name: search.predicted_crossing(name, *line) if len(line) == 2
                  else float(context) for name in fitting}
     top = max(predicted.values())
-    reached = {name: search.longest(name, short, predicted[name], context)
+    reached = {name: search.longest(name, shortest, predicted[name], context)
                for name in fitting if predicted[name] >= _CONTENDER * top}
     longest = max(reached.values())
     best = next(name for name in search.names if reached.get(name) == longest)  # preferred

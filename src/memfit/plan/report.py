@@ -7,7 +7,7 @@ from memfit._utils.sizes import format_bytes
 from memfit.accounting import CATEGORIES
 from memfit.config.schema import TOKEN_FORMATS, Config, DataFormat
 from memfit.plan.itemize import Estimate
-from memfit.plan.longest import SHORT_LENGTH, LongestFit
+from memfit.plan.longest import MIN_LENGTH, LongestFit
 from memfit.plan.planner import Plan
 
 _COLUMNS = (*CATEGORIES, "peak", "+overhead", "host")
@@ -75,7 +75,7 @@ def format_longest(result: LongestFit, config: Config) -> str:
             f"{result.context} tokens")
     if result.max_length is None:
         return (f"{head}\nno strategy fits {format_bytes(result.budget_bytes)} at "
-                f"{min(SHORT_LENGTH, result.context)} tokens")
+                f"{MIN_LENGTH} tokens")
     needs = result.estimate
     parts = ", ".join(f"{key} {format_bytes(value)}" for key, value in needs.bytes.items()
                       if value)
