@@ -15,6 +15,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig
 from memfit._utils.errors import ConfigError
 from memfit.config.load import build_unvalidated
 from memfit.config.schema import Config
+from memfit.plan.planner import load_plan_config
 from memfit.techniques import registry, tiled_mlp
 from memfit.techniques.training_loss import TrainingLoss
 
@@ -123,3 +124,13 @@ def test_a_model_without_mlp_modules_is_refused():
         tiled_mlp.apply(nn.Sequential(nn.Linear(2, 2)), chunk_tokens=4)
     with pytest.raises(ConfigError, match="no MLP of this model runs tiled"):
         tiled_mlp.check_applied(nn.Sequential(FeedForwardMLP()))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("memory.mlp_chunk_tokens=0", "memory.mlp_chunk_tokens must be at least 1, got 0"),
+    ("memory.mlp_chunk_tokens=1.5", "memory.mlp_chunk_tokens must be a whole number"),
+    ("memory.tiled_mlp=sometimes", "memory.tiled_mlp must be true or false"),
+])
+def test_bad_values_of_the_keys_are_named(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_plan_config(None, ["model.preset=tiny-llama", override])
