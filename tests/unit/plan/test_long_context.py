@@ -85,3 +85,34 @@ def test_the_trace_builds_no_sequence_square_mask(base):
         found = estimate(config, device="cpu")
         grown.append(found.peak_tensor_bytes - found.bytes["weights"])
     assert grown[1] <= 2.1 * grown[0]
+
+
+def test_checkpointed_block_inputs_go_through_the_offload_hooks(base):
+    """Non-reentrant checkpointing saves each block's input with the saved-tensors hooks
+    around it, so training's ActivationOffload moves the block inputs to the host, and the
+    plan counts them there: 2 layers' [1, 1024, 64] fp32 inputs at least."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(base["model"]["path"])
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    packed, block_inputs = set(), []
+
+    def pack(tensor):
+        packed.add(tensor.data_ptr())
+        return tensor
+
+    for layer in model.model.layers:  # the first call of each is forward, later recompute
+        layer.register_forward_pre_hook(
+            lambda module, args: block_inputs.append(args[0].data_ptr()))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        model(input_ids=torch.zeros((1, 1024), dtype=torch.long)).logits.sum().backward()
+    forward_inputs = block_inputs[:len(model.model.layers)]
+    assert len(set(forward_inputs)) == 2 and set(forward_inputs) <= packed
+
+    itemize._SIZING_CACHE.clear()
+    config = config_for(base, {"data": {"max_length": 1024}, "train": {"micro_batch_size": 1},
+                               "memory": {"gradient_checkpointing": True,
+                                          "activation_offload": True}})
+    assert estimate(config, device="cpu").host_bytes >= 2 * 1024 * 64 * 4
