@@ -38,8 +38,8 @@ class TiledForward:
         self.chunk_tokens = chunk_tokens
 
     def __call__(self, hidden: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        tokens = hidden.numel() // hidden.size(-1) if hidden.dim() else 0
-        if args or kwargs or tokens <= self.chunk_tokens:
+        if (args or kwargs or not isinstance(hidden, torch.Tensor) or hidden.dim() < 2
+                or _tokens(hidden) <= self.chunk_tokens):
             return self.original(hidden, *args, **kwargs)  # one chunk: nothing to tile
         # The parameters that train, found now: adapters may have been added after tiling.
         trainable = [p for p in self.module.parameters() if p.requires_grad]
@@ -72,8 +72,9 @@ class _TiledMLP(torch.autograd.Function):
         trainable = [p for p in tiled.module.parameters() if p.requires_grad]
         wants_input_grad = ctx.needs_input_grad[1]
         grad_flat = grad_output.reshape(-1, grad_output.size(-1))  # [tokens, out]
-        grad_hidden = torch.empty_like(hidden).view(-1, hidden.size(-1)) \
-            if wants_input_grad else None
+        grad_hidden = None  # [tokens, hidden], filled chunk by chunk
+        if wants_input_grad:
+            grad_hidden = hidden.new_empty((_tokens(hidden), hidden.size(-1)))
         sums: list[torch.Tensor | None] = [None] * len(trainable)
         device_type, autocast_on, autocast_dtype = ctx.autocast
         devices = [hidden.device] if ctx.device_rng is not None else []
@@ -97,7 +98,7 @@ class _TiledMLP(torch.autograd.Function):
                     if grad is not None:
                         sums[index] = grad if sums[index] is None else sums[index].add_(grad)
         if grad_hidden is not None:
-            grad_hidden = grad_hidden.view_as(hidden)
+            grad_hidden = grad_hidden.view(hidden.shape)
         return (None, grad_hidden, *sums)
 
 
