@@ -63,6 +63,9 @@ class LongestFit:
 
 
 def longest_fit(config: Config, budget: str | int, device: str = "cuda") -> LongestFit:
+    """The longest data.max_length of ``config`` that some candidate fits in ``budget`` on
+    one ``device`` (see the module docstring); ConfigError for a model without a context
+    length (a factory, a classifier)."""
     budget_bytes = parse_budget(budget)
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"device={device!r} is not one of: cuda, cpu")
