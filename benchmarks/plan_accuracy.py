@@ -20,7 +20,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "unit" / "plan"))
 
-from accuracy_cases import cases, measure_device_and_host_peaks, write_data  # noqa: E402
+from accuracy_cases import cases, measure_peak, write_data  # noqa: E402
 
 from memfit.plan import estimate  # noqa: E402
 from memfit.plan.planner import load_plan_config  # noqa: E402
@@ -64,7 +64,8 @@ def measured_table(only: set[str] | None = None) -> None:
             continue
         plan = estimate(config, device="cpu", example_batch=example)
         planned = plan.peak_tensor_bytes
-        measured, host = measure_device_and_host_peaks(config)
+        peak, host = measure_peak(config)
+        measured = peak.peak_bytes
         error = planned / measured - 1
         errors.append(abs(error))
         print(f"{arch:<18}{name:<22}{planned:>12,}{measured:>12,}{error:>+8.1%}")

@@ -13,7 +13,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from memfit._utils.errors import MemfitError, Stopped, is_disk_full
+from memfit._utils.errors import ConfigError, MemfitError, Stopped, is_disk_full
 from memfit._utils.sizes import format_bytes
 
 DESCRIPTION = "Fine-tune PyTorch models inside the GPU memory you actually have."
@@ -139,6 +139,16 @@ def _command_plan(args: argparse.Namespace) -> int:
 
     config_path, overrides = _split_arguments(args.arguments)
     config = load_plan_config(config_path, overrides)
+    if args.max_length:
+        from memfit.plan.longest import longest_fit
+        from memfit.plan.report import format_longest
+
+        if args.devices not in (None, 1):
+            raise ConfigError("--max-length plans one device; drop --devices")
+        longest = longest_fit(config, args.budget, device=args.device)
+        print(json.dumps(longest.to_json(), indent=2) if args.json
+              else format_longest(longest, config))
+        return 0
     from memfit.training.fit import example_batch
 
     result = plan(config, args.budget, device=args.device, example_batch=example_batch(config),
@@ -248,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="bytes per device of training as N processes, one device each: "
                            "every strategy under ddp (each holds the whole model) and under "
                            "fsdp (sharded); 1 to 1024; default: distributed.nproc")
+    plan.add_argument("--max-length", action="store_true",
+                      help="instead of the table: the longest data.max_length (up to the "
+                           "model's context) that fits --budget on one device at the "
+                           "configured micro-batch, and the strategy that reaches it")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     _add_debug(plan)
     plan.set_defaults(handler=_command_plan)

@@ -37,3 +37,30 @@ def test_plan_traces_a_factory_model_with_a_batch_from_its_data(tmp_path):
     assert plan["config"]["bytes"]["weights"] == weights
     # At AdamW's step: weights, grads and two moments are live together.
     assert plan["config"]["peak_tensor_bytes"] >= 4 * weights
+
+
+def test_plan_max_length_finds_the_longest_sequence_that_fits(tmp_path):
+    from memfit.plan import estimate, with_overrides
+    from memfit.plan.planner import load_plan_config
+
+    arguments = ["model.preset=tiny-llama", "train.micro_batch_size=1"]
+    result = run_cli("plan", *arguments, "--budget", "1MiB", "--device", "cpu",
+                     "--max-length", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert (found["context"], found["strategy"]) == (1024, "qlora+offload")
+    length, overrides = found["max_length"], found["overrides"]
+    assert overrides["data.max_length"] == length and 2 < length < 1024
+    # Oracle: the plan of that strategy fits at the length found, and not one token more.
+    config = load_plan_config(None, arguments)
+    planned = [estimate(with_overrides(config, {**overrides, "data.max_length": tokens}),
+                        device="cpu").device_bytes for tokens in (length, length + 1)]
+    assert planned[0] <= 2**20 < planned[1]
+    assert found["estimate"]["peak_tensor_bytes"] == planned[0]
+
+
+def test_plan_max_length_is_for_one_device(tmp_path):
+    result = run_cli("plan", "model.preset=tiny-llama", "--budget", "1MiB", "--max-length",
+                     "--devices", "2", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == "memfit: error: --max-length plans one device; drop --devices"

@@ -417,6 +417,16 @@ class MemoryConfig:
         "memory.chunked_loss: tokens whose logits exist at once (forward and backward).",
         limits=(1, MAX_TOKENS), default=1024,
     )
+    tiled_mlp: bool = doc(
+        "Compute each block's MLP (modules whose class name ends in MLP) over chunks of "
+        "memory.mlp_chunk_tokens tokens, each chunk recomputed in backward, so its "
+        "tokens x intermediate activations exist for one chunk at a time (long sequences).",
+        default=False,
+    )
+    mlp_chunk_tokens: int = doc(
+        "memory.tiled_mlp: tokens whose MLP activations exist at once (forward and backward).",
+        limits=(1, MAX_TOKENS), default=4096,
+    )
     budget: int | str | None = doc(
         "Device memory budget, e.g. 24GiB, 512MiB, 16GB or a byte count. On CPU it is "
         "enforced by the tensor tracker (a simulated device).",

@@ -28,6 +28,7 @@ from memfit.plan import meta
 from memfit.plan.context import check_max_length
 from memfit.plan.itemize import Estimate, ExampleBatch, estimate
 from memfit.plan.strategies import Overrides, strategies, with_overrides
+from memfit.techniques import chunked_loss, tiled_mlp
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ def plan(config: Config, budget: str | int, device: str = "cuda",
     fsdp, with the reason. The given config is planned under its own distributed.strategy
     (ddp when it names none)."""
     check_max_length(config)
-    budget_bytes = _budget(budget)
+    budget_bytes = parse_budget(budget)
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"device={device!r} is not one of: cuda, cpu")
     devices = config.distributed.nproc if devices is None else devices
@@ -122,12 +123,13 @@ def _candidates(config: Config, devices: int) -> list[tuple[str, Overrides]]:
     preferred one replicated (full-parameter training over adapters), and of one method
     data parallel first (it only all-reduces gradients; FSDP2 also gathers every weight in
     forward and in backward) — but for QLoRA, sharded first (``_sharded_first``)."""
-    chunked_loss_ok = _chunked_loss_ok(config)
+    long_sequences = long_sequence_techniques_ok(config)
     if devices == 1:
-        return strategies(chunked_loss_ok)
+        return strategies(*long_sequences)
     ordered = []
     for (name, replicated), (_, sharded) in zip(
-            strategies(chunked_loss_ok), strategies(chunked_loss_ok, sharded=True), strict=True):
+            strategies(*long_sequences), strategies(*long_sequences, sharded=True),
+            strict=True):
         pair = [(DistributedStrategy.DDP, replicated), (DistributedStrategy.FSDP, sharded)]
         if _sharded_first(replicated):
             pair.reverse()
@@ -168,7 +170,7 @@ def refuse_if_too_large(config: Config, available_bytes: int, device: str) -> No
             f"{format_bytes(available_bytes)}; see `memfit plan` for strategies that fit")
 
 
-def _budget(budget: str | int) -> int:
+def parse_budget(budget: str | int) -> int:
     try:
         value = parse_bytes(budget)
     except ValueError as error:
@@ -177,16 +179,19 @@ def _budget(budget: str | int) -> int:
     return value
 
 
-def _chunked_loss_ok(config: Config) -> bool:
+def long_sequence_techniques_ok(config: Config) -> tuple[bool, bool]:
+    """(chunked loss, tiled MLP): whether the ladder's +ckpt levels can use them, for
+    causal LMs: the chunked loss where the model's logits are the output layer's own, the
+    tiled MLP where it has MLP modules."""
     if config.model.task is not Task.CAUSAL_LM or config.model.factory:
-        return False
-    from memfit.techniques import chunked_loss
-
+        return False, False
+    model = meta.build(config, layers=1).model
     try:
-        chunked_loss.check_supported(meta.build(config, layers=1).model)
+        chunked_loss.check_supported(model)
+        chunked_loss_ok = True
     except ConfigError:
-        return False  # e.g. Gemma-2's final logit soft-capping
-    return True
+        chunked_loss_ok = False  # e.g. Gemma-2's final logit soft-capping
+    return chunked_loss_ok, bool(tiled_mlp.mlp_modules(model))
 
 
 def _choose(config: Config, rows: list[StrategyEstimate], budget: int, device: str,

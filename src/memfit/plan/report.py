@@ -1,4 +1,5 @@
-"""``memfit plan``'s table: one row per strategy, bytes in binary units."""
+"""``memfit plan``'s table: one row per strategy, bytes in binary units; and the line of
+``memfit plan --max-length``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from memfit._utils.sizes import format_bytes
 from memfit.accounting import CATEGORIES
 from memfit.config.schema import TOKEN_FORMATS, Config, DataFormat
 from memfit.plan.itemize import Estimate
+from memfit.plan.longest import MIN_LENGTH, LongestFit
 from memfit.plan.planner import Plan
 
 _COLUMNS = (*CATEGORIES, "peak", "+overhead", "host")
@@ -63,6 +65,28 @@ def format_plan(result: Plan, config: Config) -> str:
             f"{key}={_value(value)}" for key, value in result.recommended_overrides.items()))
     lines.append("peak = live tensor bytes (weights..temporaries at the peak); +overhead adds "
                  "the CUDA context and allocator slack; host = offloaded bytes")
+    return "\n".join(lines)
+
+
+def format_longest(result: LongestFit, config: Config) -> str:
+    model = config.model.preset or config.model.path
+    head = (f"memfit plan --max-length: {model}, micro-batch {config.train.micro_batch_size}, "
+            f"budget {format_bytes(result.budget_bytes)} ({result.device}), context "
+            f"{result.context} tokens")
+    if result.max_length is None:
+        return (f"{head}\nno strategy fits {format_bytes(result.budget_bytes)} at "
+                f"{MIN_LENGTH} tokens")
+    needs = result.estimate
+    parts = ", ".join(f"{key} {format_bytes(value)}" for key, value in needs.bytes.items()
+                      if value)
+    limit = " (the context length)" if result.max_length == result.context else ""
+    lines = [head,
+             f"longest data.max_length that fits: {result.max_length} tokens{limit} with "
+             f"{result.strategy} (needs {format_bytes(needs.device_bytes)}: {parts}, overhead "
+             f"{format_bytes(needs.device_overhead_bytes)}; host "
+             f"{format_bytes(needs.host_bytes)}); {result.plans} configurations planned",
+             "apply with:  " + " ".join(f"{key}={_value(value)}"
+                                        for key, value in result.overrides.items())]
     return "\n".join(lines)
 
 

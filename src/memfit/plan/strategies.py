@@ -8,13 +8,13 @@ preference (docs/planner.md explains it): quality first, then speed —
            lora, qlora
            (full-parameter training before adapters: GLUE avg full 86.28 > GaLore 85.89 >
            LoRA 85.61, GaLore paper; 8-bit Adam matches 32-bit; a 4-bit base is lossy)
-  levels   plain, +ckpt (checkpointing, and chunked loss for LMs: ~30% slower),
-           +offload (also activations and, but for layer-wise, optimizer state in host
-           memory: slowest; under fsdp QLoRA's too, where FSDP2's CPUOffloadPolicy
-           holds each process's shards of the 4-bit base, the adapters and their state.
-           Not LoRA's: its base would be host bytes in bf16, four times as many, pinned
-           and copied to the device twice a step, and the plan has no host budget to
-           weigh them against)
+  levels   plain, +ckpt (checkpointing, and for LMs chunked loss and the tiled MLP:
+           ~30% slower), +offload (also activations and, but for layer-wise, optimizer
+           state in host memory: slowest; under fsdp QLoRA's too, where FSDP2's
+           CPUOffloadPolicy holds each process's shards of the 4-bit base, the adapters and
+           their state. Not LoRA's: its base would be host bytes in bf16, four times as
+           many, pinned and copied to the device twice a step, and the plan has no host
+           budget to weigh them against)
 
 so every level of a method is tried before the next method.
 """
@@ -51,20 +51,26 @@ METHODS: list[tuple[str, Overrides]] = [
     ("qlora", {**_ADAPTER, "adapter.kind": "qlora"}),
 ]
 _OFF = {"memory.gradient_checkpointing": False, "memory.chunked_loss": False,
-        "memory.activation_offload": False, "memory.optimizer_offload": False}
+        "memory.tiled_mlp": False, "memory.activation_offload": False,
+        "memory.optimizer_offload": False}
 
 
-def levels(state_offload_ok: bool, chunked_loss_ok: bool) -> list[tuple[str, Overrides]]:
+def levels(state_offload_ok: bool, chunked_loss_ok: bool, tiled_mlp_ok: bool = False
+           ) -> list[tuple[str, Overrides]]:
     """plain, +ckpt, +offload; optimizer state goes to the host only where it can
-    (full-parameter training that steps after backward: layer-wise steps run inside it)."""
+    (full-parameter training that steps after backward: layer-wise steps run inside it).
+    The MLP is tiled with checkpointing where the model has MLP modules: a micro-batch of
+    at most memory.mlp_chunk_tokens tokens runs untiled, so short sequences lose nothing,
+    and a long one keeps one chunk's MLP activations instead of the sequence's."""
     checkpointing = {**_OFF, "memory.gradient_checkpointing": True,
-                     "memory.chunked_loss": chunked_loss_ok}
+                     "memory.chunked_loss": chunked_loss_ok, "memory.tiled_mlp": tiled_mlp_ok}
     offload = {**checkpointing, "memory.activation_offload": True,
                "memory.optimizer_offload": state_offload_ok}
     return [("", dict(_OFF)), ("+ckpt", checkpointing), ("+offload", offload)]
 
 
-def strategies(chunked_loss_ok: bool, sharded: bool = False) -> list[tuple[str, Overrides]]:
+def strategies(chunked_loss_ok: bool, tiled_mlp_ok: bool = False, sharded: bool = False
+               ) -> list[tuple[str, Overrides]]:
     """Every (name, overrides) in order of preference; ``sharded``: as planned under fsdp,
     whose host offload (CPUOffloadPolicy) moves a QLoRA run's shards too."""
     ordered = []
@@ -72,7 +78,7 @@ def strategies(chunked_loss_ok: bool, sharded: bool = False) -> list[tuple[str, 
         kind = overrides["adapter.kind"]
         state_offload_ok = (kind == "none" or (sharded and kind == "qlora")) and not overrides[
             "optimizer.layerwise"]
-        for suffix, memory in levels(state_offload_ok, chunked_loss_ok):
+        for suffix, memory in levels(state_offload_ok, chunked_loss_ok, tiled_mlp_ok):
             ordered.append((method + suffix, {**overrides, **memory}))
     return ordered
 

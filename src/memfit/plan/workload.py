@@ -4,7 +4,8 @@ would be, and the loss training would compute on it (``TrainingLoss``, the same 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -35,7 +36,11 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
                     "labels": torch.zeros((size, length), dtype=torch.long),
                     "attention_mask": None}
 
-        return make_batch, loss.loss_sum
+        def causal_lm_loss_sum(model: Any, batch: dict[str, Any]) -> torch.Tensor:
+            with _rows_seen_as_single_sequences():
+                return loss.loss_sum(model, batch)
+
+        return make_batch, causal_lm_loss_sum
     if config.model.task is Task.SEQUENCE_CLASSIFICATION:
 
         def make_classified_batch() -> dict[str, Any]:
@@ -58,3 +63,22 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
     # A factory's causal LM is planned with its own loss on the example batch, whose names
     # are the user's (training computes the causal-LM loss from input_ids and labels).
     return make_factory_batch, replace(loss, causal_lm=False, loss_chunk_tokens=None).loss_sum
+
+
+@contextlib.contextmanager
+def _rows_seen_as_single_sequences() -> Iterator[None]:
+    """transformers as it runs on the real packed batch: one sequence per row, so no
+    attention mask is built and SDPA runs with ``is_causal`` (flash / memory-efficient
+    kernels, no seq x seq matrix). With no attention_mask, transformers looks for several
+    sequences packed in a row from the position ids, and takes a fake tensor for a compiler
+    trace whose values it cannot read (``masking_utils.is_tracing``): it then materializes a
+    [batch, 1, seq, seq] mask (bool, and its float form inside SDPA: 18.75 GiB at 81,920
+    tokens) that training never allocates."""
+    from transformers import masking_utils
+
+    find = masking_utils.find_packed_sequence_indices
+    masking_utils.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        masking_utils.find_packed_sequence_indices = find

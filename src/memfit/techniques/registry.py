@@ -34,7 +34,14 @@ from torch import nn
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Precision, Task
 from memfit.models.classifier import HEAD_SUFFIXES, head_names
 from memfit.models.load import TORCH_DTYPES
-from memfit.techniques import checkpointing, chunked_loss, lora, quantize, quantize_stand_in
+from memfit.techniques import (
+    checkpointing,
+    chunked_loss,
+    lora,
+    quantize,
+    quantize_stand_in,
+    tiled_mlp,
+)
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer, step_on_host
 
 Stage = Literal["load", "model", "device", "optimizer", "step"]
@@ -134,6 +141,10 @@ def _checkpoint(model: nn.Module, setting: Setting) -> nn.Module:
     return checkpointing.apply(model, setting.config.memory, setting.is_transformers)
 
 
+def _tile_mlp(model: nn.Module, setting: Setting) -> nn.Module:
+    return tiled_mlp.apply(model, setting.config.memory.mlp_chunk_tokens)
+
+
 def _checked(check: Callable[[nn.Module], None]) -> Callable[[nn.Module], list[str]]:
     def check_applied(model: nn.Module) -> list[str]:
         check(model)
@@ -176,6 +187,14 @@ TECHNIQUES: tuple[TechniqueSpec, ...] = (
         # Before the adapters: PEFT renames the modules checkpointing looks for.
         apply=_checkpoint, check_applied=_checked(checkpointing.check_applied),
         plan_apply=_checkpoint),
+    TechniqueSpec(
+        name="tiled MLP",
+        keys=("memory.tiled_mlp", "memory.mlp_chunk_tokens"),
+        stage="model", enabled=lambda config: config.memory.tiled_mlp,
+        plan="traced: the MLPs run chunk by chunk on the fake tensors, as in training",
+        # Before the adapters; the trainable parameters are looked up at each call.
+        apply=_tile_mlp, check_applied=_checked(tiled_mlp.check_applied),
+        plan_apply=_tile_mlp),
     TechniqueSpec(
         name="adapters",
         keys=("adapter.kind=lora", "adapter.kind=qlora", "adapter.rank", "adapter.alpha",

@@ -40,6 +40,7 @@ def test_a_complete_mapping_chooses_only_what_differs_from_the_default():
 @pytest.mark.parametrize("raw, key", [
     ({"train": {"max_steps": 3, "epochs": 2}}, "train.epochs"),
     ({"memory": {"checkpoint_every": 2}}, "memory.checkpoint_every"),
+    ({"memory": {"mlp_chunk_tokens": 512}}, "memory.mlp_chunk_tokens"),
     ({"data": {"format": "instruction", "pack": False}}, "data.pack"),
     ({"data": {"images": {"size": 32}}}, "data.images.size"),
     ({"adapter": {"kind": "lora", "frozen_in_compute_dtype": False}},

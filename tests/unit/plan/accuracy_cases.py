@@ -283,12 +283,13 @@ def config_for(base: dict, overrides: dict) -> Config:
 def measure_peak_bytes(config: Config, steps: int = 3) -> int:
     """Peak live tensor bytes of real training steps on CPU (the memory meter's view), each
     the training loop's own step."""
-    return measure_device_and_host_peaks(config, steps)[0]
+    return measure_peak(config, steps)[0].peak_bytes
 
 
-def measure_device_and_host_peaks(config: Config, steps: int = 3) -> tuple[int, int]:
-    """The device's peak live tensor bytes and the host pool's (what offload moved there),
-    each the highest over ``steps`` real training steps on CPU."""
+def measure_peak(config: Config, steps: int = 3):
+    """(the memory meter's StepMemory of the highest-peak step, bytes by category; the host
+    pool's peak over the steps: what offload moved there), over ``steps`` real training
+    steps on CPU."""
     from memfit.monitor.memory import CpuMemoryMeter
     from memfit.training.batches import BatchStream
     from memfit.training.build import build_run
@@ -308,5 +309,5 @@ def measure_device_and_host_peaks(config: Config, steps: int = 3) -> tuple[int, 
         with meter.step():
             optimizer_step(parts, batches, items)
         host_peak = max(host_peak, meter.last_step.host_peak_bytes)
-    return meter.peak.peak_bytes, host_peak
+    return meter.peak, host_peak
 
