@@ -34,6 +34,33 @@ def regressor() -> nn.Module:
     return Regressor()
 
 
+class AttentionRegressor(nn.Module):
+    """The 8 features as 8 tokens through a torchvision-style nn.MultiheadAttention and a
+    timm-style fused ``attn.qkv`` Linear: the fused projections LoRA parts go on."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.embed = nn.Linear(1, width)
+        self.self_attention = nn.MultiheadAttention(width, 2, batch_first=True)
+        self.attn = nn.Module()
+        self.attn.qkv = nn.Linear(width, 3 * width)
+        self.head = nn.Linear(width, 1)
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        x = self.embed(inputs.unsqueeze(-1))  # [b, 8, width]
+        x = x + self.self_attention(x, x, x, need_weights=False)[0]
+        q, k, v = self.attn.qkv(x).chunk(3, dim=-1)
+        x = x + F.scaled_dot_product_attention(q, k, v)
+        return self.head(x.mean(dim=1))
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(self.predict(inputs), targets)
+
+
+def attention_regressor() -> nn.Module:
+    return AttentionRegressor()
+
+
 def slow_regressor() -> nn.Module:
     return Regressor(seconds_per_forward=0.03)
 

@@ -285,7 +285,8 @@ def _check_rank(path: Path, rank: int, weights: dict[str, Tensor]) -> None:
     memory before any shape was compared."""
     factors = 0
     for name, tensor in weights.items():
-        factor = re.fullmatch(r".*\.lora_([AB])(?:\.[qkv])?\.weight", name)
+        # PEFT's lora_A.weight, or a fused projection's part: lora_A.<adapter>.q.weight
+        factor = re.fullmatch(r".*\.lora_([AB])(?:\.[^.]+\.[qkv])?\.weight", name)
         axis = None if factor is None else 0 if factor.group(1) == "A" else 1
         if axis is None:
             continue

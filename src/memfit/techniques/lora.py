@@ -244,6 +244,23 @@ def check_applied(model: nn.Module) -> None:
         raise ConfigError(f"adapter.kind: {len(others)} base parameters still require grad "
                           f"(e.g. {others[0]}); list fully trained modules in "
                           "adapter.trainable_modules")
+    unused = _unused_out_projection_adapters(model)
+    if unused:
+        raise ConfigError(f"adapter.targets: {unused[0]} is the out_proj of an "
+                          "nn.MultiheadAttention, whose forward never calls it, so its adapter "
+                          "would not train; target the attention module instead")
+
+
+def _unused_out_projection_adapters(model: nn.Module) -> list[str]:
+    """Adapter layers on a plain nn.MultiheadAttention's out_proj (PEFT's own attention
+    layer adapts its out_proj through the weights, and is no plain one)."""
+    from peft.tuners.lora import LoraLayer
+
+    wrapped = {id(module.get_base_layer()) for module in model.modules()
+               if isinstance(module, LoraLayer)}
+    return [f"{name}.out_proj" for name, module in model.named_modules()
+            if type(module) is nn.MultiheadAttention and id(module) not in wrapped
+            and isinstance(module.out_proj, LoraLayer)]
 
 
 def check_gradients_reached(model: nn.Module) -> None:

@@ -17,7 +17,8 @@ with PEFT's machinery:
   directly: it runs with ``in_proj_weight + delta``, delta (3 * d, d) zero outside the
   named parts' rows (as PEFT's own MultiheadAttention layer does; no lora_dropout there).
 
-Saved keys look like PEFT's, one level deeper: ``blocks.0.attn.qkv.lora_A.q.weight``.
+Saved keys of parts keep the adapter name, as PEFT does for nested factors:
+``blocks.0.attn.qkv.lora_A.default.q.weight`` ((r, in); ``lora_B``: (rows of q, r)).
 """
 
 from __future__ import annotations

@@ -255,3 +255,15 @@ def test_the_planner_counts_the_adapter_parameters_training_has():
     assert (sum(p.numel() for p in planned.parameters() if p.requires_grad)
             == sum(p.numel() for p in real.parameters() if p.requires_grad)
             == 2 * 2 * (4 * 32 + 32 * 4) + 4 * 3 * 3 * 3 + 32 * 4)
+
+
+def test_an_adapter_on_a_multihead_attentions_out_proj_alone_is_caught():
+    from peft import LoraConfig, get_peft_model
+
+    # What PEFT does when told the name: an adapter nn.MultiheadAttention never calls.
+    model = get_peft_model(VitBlock(), LoraConfig(r=2, target_modules=["out_proj"]))
+    with pytest.raises(ConfigError, match="self_attention.out_proj is the out_proj of an "
+                                          "nn.MultiheadAttention, whose forward never calls it"):
+        lora.check_applied(model)
+    lora.check_applied(lora.apply(VitBlock(), AdapterConfig(kind="lora", rank=2,
+                                                            targets=("attention",))))
