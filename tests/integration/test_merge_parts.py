@@ -1,5 +1,6 @@
 """`memfit merge` of LoRA on q and v parts of fused projections (nn.MultiheadAttention's
-in_proj_weight, a timm-style qkv Linear): ``adapter/parts.json`` says which rows, the
+in_proj_weight, a timm-style qkv Linear) beside a same-padding Conv1d subclass:
+``adapter/parts.json`` says which rows, the
 merged model computes what the adapted one did and its key rows are the base's, bit for
 bit; a parts record that does not fit the base, or none, is refused in one line."""
 
@@ -29,7 +30,7 @@ def parts_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return train(load_config(None, [
         "model.factory=factories:attention_regressor", "model.task=custom",
         f"data.path={data}", "data.format=tensors", "train.max_steps=4", "optimizer.lr=5e-2",
-        "adapter.kind=lora", "adapter.rank=2", "adapter.targets=[attention-qv]",
+        "adapter.kind=lora", "adapter.rank=2", "adapter.targets=[attention-qv, conv]",
         f"train.output_dir={folder / 'run'}", "log.tensorboard=false",
         "log.progress=false"])).output_dir
 
@@ -52,6 +53,7 @@ def test_the_merged_model_computes_the_adapted_one_and_keeps_its_key_rows(
                        base.self_attention.base_layer.in_proj_weight[16:32])
     assert torch.equal(merged.attn.qkv.weight[16:32], base.attn.qkv.base_layer.weight[16:32])
     assert not torch.equal(merged.attn.qkv.weight[:16], base.attn.qkv.base_layer.weight[:16])
+    assert not torch.equal(merged.mix.weight, base.mix.base_layer.weight)
     inputs = torch.randn(5, 8)
     with torch.no_grad():
         torch.testing.assert_close(merged.predict(inputs), adapted.eval().base_model.model

@@ -78,8 +78,8 @@ def _kind_matches(kind: str, name: str, module: nn.Module, heads: set[str]) -> b
     if kind == "conv":
         return isinstance(module, CONV_TYPES)
     if isinstance(module, nn.MultiheadAttention):  # q, k, v in one in_proj_weight
-        return kind in ("attention", "all-linear") or (kind in PART_KINDS
-                                                        and is_blocked_qkv(name, module))
+        # (PEFT's layer and memfit's need that one weight: kdim = vdim = embed_dim)
+        return is_blocked_qkv(name, module) and kind in ("attention", "all-linear", *PART_KINDS)
     if not (isinstance(module, nn.Linear) or is_conv1d(module)) or name in heads:
         return False
     leaf = _leaf(name)

@@ -114,18 +114,16 @@ class FusedParts(nn.Module, LoraLayer):
 
     def update_layer(self, adapter_name: str, r: int, lora_alpha: float, config,
                      **kwargs) -> None:
-        base = self.get_base_layer()
-        weight = base.in_proj_weight if isinstance(base, nn.MultiheadAttention) else base.weight
-        where = {"device": weight.device, "dtype": weight.dtype}
-        in_features = weight.shape[0] if is_conv1d(base) else weight.shape[1]
         self.r[adapter_name], self.lora_alpha[adapter_name] = r, lora_alpha
         self.scaling[adapter_name] = _scaling(config, r)
         self.lora_dropout[adapter_name] = (nn.Dropout(config.lora_dropout)
                                            if config.lora_dropout > 0 else nn.Identity())
+        # Built as PEFT builds its factors, then moved to the base's device and dtype (a
+        # 4-bit base keeps them in float); in_features as PEFT reads it (bitsandbytes too).
         self.lora_A[adapter_name] = nn.ModuleDict(
-            {part: nn.Linear(in_features, r, bias=False, **where) for part in self.rows})
+            {part: nn.Linear(self.in_features, r, bias=False) for part in self.rows})
         self.lora_B[adapter_name] = nn.ModuleDict(
-            {part: nn.Linear(r, stop - start, bias=False, **where)
+            {part: nn.Linear(r, stop - start, bias=False)
              for part, (start, stop) in self.rows.items()})
         if config.init_lora_weights is not False:  # as PEFT: A like a Linear's, B zero
             for part in self.rows:
@@ -155,6 +153,9 @@ class FusedParts(nn.Module, LoraLayer):
                 continue
             for part, (start, stop) in self.rows.items():
                 target = rows_view(start, stop)
+                if not target.is_floating_point():  # memfit merge dequantizes a 4-bit base first
+                    raise ConfigError(f"cannot fold LoRA parts into a {target.dtype} weight; "
+                                      "dequantize the base first")
                 target += sign * self.part_delta(adapter, part).to(target.dtype)
 
     def merge(self, safe_merge: bool = False, adapter_names: list[str] | None = None) -> None:
