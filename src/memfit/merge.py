@@ -54,7 +54,7 @@ from memfit.config.schema import AdapterKind, Precision
 from memfit.distributed.checkpoint import is_sharded_checkpoint, load_trainable
 from memfit.models.export_module import exported_module
 from memfit.models.load import TORCH_DTYPES
-from memfit.techniques import lora_layers, quantize
+from memfit.techniques import quantize
 from memfit.techniques.lora_parts import fused_width
 from memfit.techniques.registry import frozen_storage_dtype
 from memfit.training.build import load_base, seed_everything
@@ -129,6 +129,8 @@ def _merged_adapter(target: nn.Module, adapter: adapter_checks.Adapter,
     matches no module with a warning and keeps a missing one at its initial value."""
     from peft import LoraConfig, PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
     from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
+
+    from memfit.techniques import lora_layers
 
     config_file = adapter_dir / adapter_checks.CONFIG_FILE
     weights_file = adapter_dir / adapter_checks.WEIGHTS_FILE

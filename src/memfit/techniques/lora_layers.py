@@ -137,22 +137,21 @@ class FusedParts(nn.Module, LoraLayer):
         return (self.lora_B[adapter][part].weight @ self.lora_A[adapter][part].weight
                 * self.scaling[adapter])
 
-    def _fused_weight_rows(self) -> Callable[[int, int], Tensor]:
+    def _weight_rows(self, start: int, stop: int) -> Tensor:
         """A view of rows [start, stop) of the fused weight, laid out (rows, in)."""
         base = self.get_base_layer()
         if isinstance(base, nn.MultiheadAttention):
-            return lambda start, stop: base.in_proj_weight.data[start:stop]
+            return base.in_proj_weight.data[start:stop]
         if is_conv1d(base):  # weight (in, out): the parts are columns
-            return lambda start, stop: base.weight.data[:, start:stop].T
-        return lambda start, stop: base.weight.data[start:stop]
+            return base.weight.data[:, start:stop].T
+        return base.weight.data[start:stop]
 
     def _fold(self, adapter_names: list[str], sign: int) -> None:
-        rows_view = self._fused_weight_rows()
         for adapter in adapter_names:
             if adapter not in self.lora_A:
                 continue
             for part, (start, stop) in self.rows.items():
-                target = rows_view(start, stop)
+                target = self._weight_rows(start, stop)
                 if not target.is_floating_point():  # memfit merge dequantizes a 4-bit base first
                     raise ConfigError(f"cannot fold LoRA parts into a {target.dtype} weight; "
                                       "dequantize the base first")
@@ -167,6 +166,9 @@ class FusedParts(nn.Module, LoraLayer):
         while self.merged_adapters:
             self._fold([self.merged_adapters.pop()], -1)
 
+    def _factor_dtype(self, adapter: str) -> torch.dtype:
+        return next(iter(self.lora_A[adapter].values())).weight.dtype
+
     def _adapting(self) -> list[str]:
         if self.disable_adapters or self.merged:
             return []
@@ -177,8 +179,7 @@ class FusedPartsLinear(FusedParts):
     def forward(self, x: Tensor, *args, **kwargs) -> Tensor:
         result = self.base_layer(x, *args, **kwargs)  # (..., width)
         for adapter in self._adapting():
-            x_in = self.lora_dropout[adapter](x.to(self.lora_A[adapter][next(iter(self.rows))]
-                                                   .weight.dtype))
+            x_in = self.lora_dropout[adapter](x.to(self._factor_dtype(adapter)))
             for part, (start, stop) in self.rows.items():
                 update = self.lora_B[adapter][part](self.lora_A[adapter][part](x_in))
                 # (..., stop - start) into its rows; the other rows are the base's output
@@ -193,8 +194,7 @@ class FusedPartsAttention(FusedParts):
         if not adapting:
             return base(query, *args, **kwargs)
         weight = base.in_proj_weight  # (3 * d, d)
-        delta = torch.zeros_like(weight, dtype=self.lora_A[adapting[0]][next(iter(self.rows))]
-                                 .weight.dtype)
+        delta = torch.zeros_like(weight, dtype=self._factor_dtype(adapting[0]))
         for adapter in adapting:
             for part, (start, stop) in self.rows.items():
                 delta[start:stop] += self.part_delta(adapter, part)
