@@ -151,6 +151,10 @@ def resolve_placement(model: nn.Module, config: AdapterConfig) -> dict[str, Rows
         if not matching:
             continue
         by_parts = is_blocked_qkv(name, module) and all(t in PART_KINDS for t in matching)
+        if is_conv1d(module) and not by_parts:
+            # GPT-2's Conv1D takes memfit's part layer only: PEFT's own flips fan_in_fan_out
+            # in the saved adapter_config.json, a setting memfit merge does not accept.
+            continue
         chosen[name] = (rows_of(name, module, getattr(model, "config", None),
                                 parts_named(tuple(matching))) if by_parts else None)
     if not chosen:

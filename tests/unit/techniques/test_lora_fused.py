@@ -267,3 +267,12 @@ def test_an_adapter_on_a_multihead_attentions_out_proj_alone_is_caught():
         lora.check_applied(model)
     lora.check_applied(lora.apply(VitBlock(), AdapterConfig(kind="lora", rank=2,
                                                             targets=("attention",))))
+
+
+def test_gpt2_conv1d_layers_other_than_c_attn_parts_are_not_adapted():
+    base = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=4, n_positions=16,
+                                      vocab_size=50))
+    assert lora.resolve_targets(base, AdapterConfig(targets=("attention-qv", "mlp"))) == [
+        "transformer.h.0.attn.c_attn"]
+    with pytest.raises(ConfigError, match="matched no module"):
+        lora.resolve_targets(base, AdapterConfig(targets=("c_proj",)))
