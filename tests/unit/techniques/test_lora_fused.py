@@ -265,8 +265,12 @@ def test_an_adapter_on_a_multihead_attentions_out_proj_alone_is_caught():
     with pytest.raises(ConfigError, match="self_attention.out_proj is the out_proj of an "
                                           "nn.MultiheadAttention, whose forward never calls it"):
         lora.check_applied(model)
-    lora.check_applied(lora.apply(VitBlock(), AdapterConfig(kind="lora", rank=2,
-                                                            targets=("attention",))))
+    # attention adapts nn.MultiheadAttention whole, through PEFT's layer (in_proj, out_proj)
+    whole = adapted(VitBlock(), ("attention",))
+    lora.check_applied(whole)
+    x = torch.randn(2, 5, 32)
+    out = whole(x)
+    torch.testing.assert_close(whole.merge_and_unload()(x), out, rtol=0, atol=1e-5)
 
 
 def test_gpt2_conv1d_layers_other_than_c_attn_parts_are_not_adapted():
