@@ -223,7 +223,11 @@ def apply(model: nn.Module, config: AdapterConfig,
     lora_layers.register(lora, {id(modules[name]): rows for name, rows in placement.items()
                                 if rows is not None})
     # PEFT keeps adapter weights in fp32 even on a bf16/4-bit base (autocast_adapter_dtype).
-    return get_peft_model(model, lora)
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as error:  # PEFT's word on a setting for a layer (e.g. DoRA on MHA)
+        reason = " ".join(str(error).split())
+        raise ConfigError(f"adapter: PEFT cannot apply LoRA as configured: {reason}") from None
 
 
 def placed_parts(model: nn.Module) -> dict[str, Rows]:
@@ -263,7 +267,7 @@ def _unused_out_projection_adapters(model: nn.Module) -> list[str]:
     wrapped = {id(module.get_base_layer()) for module in model.modules()
                if isinstance(module, LoraLayer)}
     return [f"{name}.out_proj" for name, module in model.named_modules()
-            if type(module) is nn.MultiheadAttention and id(module) not in wrapped
+            if isinstance(module, nn.MultiheadAttention) and id(module) not in wrapped
             and isinstance(module.out_proj, LoraLayer)]
 
 

@@ -228,10 +228,14 @@ def test_a_fused_projection_that_does_not_split_in_three_is_one_line_error():
     assert "\n" not in str(caught.value)
 
 
-def test_dora_on_parts_is_refused_in_one_line():
+def test_dora_on_parts_or_on_a_whole_multihead_attention_is_refused_in_one_line():
     with pytest.raises(ConfigError, match="adapter.dora=true: DoRA cannot be placed on parts"):
         lora.apply(VitBlock(), AdapterConfig(kind="lora", rank=2, dora=True,
                                              targets=("attention-qv",)))
+    with pytest.raises(ConfigError, match="PEFT cannot apply LoRA as configured: .*DoRA") as caught:
+        lora.apply(VitBlock(), AdapterConfig(kind="lora", rank=2, dora=True,
+                                             targets=("attention",)))
+    assert "\n" not in str(caught.value)
 
 
 def vit_net() -> nn.Module:
