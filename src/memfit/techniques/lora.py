@@ -164,8 +164,9 @@ def resolve_placement(model: nn.Module, config: AdapterConfig) -> dict[str, Rows
 
 def _no_match_message(modules: dict[str, nn.Module], inside: set[str],
                       config: AdapterConfig) -> str:
+    ignored = _attention_out_projections(modules)
     candidates = [(name, module) for name, module in modules.items()
-                  if name in inside and name and _adaptable(module)]
+                  if name in inside and name and _adaptable(module) and name not in ignored]
     leaves = sorted({_leaf(name) for name, _ in candidates})
     classes = sorted({type(module).__name__ for _, module in candidates})
     where = f" inside adapter.restrict_to={list(config.restrict_to)}" if config.restrict_to else ""
