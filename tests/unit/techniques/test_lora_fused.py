@@ -49,7 +49,8 @@ class OffsetLinear(nn.Linear):
 class Net(nn.Module):
     def __init__(self) -> None:
         super().__init__()
-        self.stem = SamePaddingConv2d(3, 8, kernel_size=3, stride=2, image_size=9)
+        # 9 pixels, kernel 4, stride 2: TensorFlow pads 3, one before and two after
+        self.stem = SamePaddingConv2d(3, 8, kernel_size=4, stride=2, image_size=9)
         self.head = OffsetLinear(8, 5)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
@@ -102,7 +103,7 @@ def test_a_same_padding_conv_subclass_runs_its_own_forward_and_merges_exactly():
     # By hand: the update is conv(pad(x), B A) with the layer's padding and stride.
     A, B = stem.lora_A["default"].weight, stem.lora_B["default"].weight[:, :, 0, 0]
     merged_weight = base_stem_weight + 2.0 * torch.einsum("or,rikl->oikl", B, A)
-    reference = SamePaddingConv2d(3, 8, 3, 2, image_size=9)
+    reference = SamePaddingConv2d(3, 8, 4, 2, image_size=9)
     with torch.no_grad():
         reference.weight.copy_(merged_weight)
         reference.bias.copy_(stem.base_layer.bias)
