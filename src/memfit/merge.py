@@ -20,7 +20,8 @@ newest sharded checkpoint becomes one normal model folder (finished or not).
 
 A run folder may come from anyone: what merge cannot fold in faithfully is refused in one
 line before anything is written (checkpoint/adapter_checks.py: non-finite, unmatched,
-missing or misshapen adapter tensors, LoRA settings memfit does not write, damaged files),
+missing or misshapen adapter tensors, q,k,v parts (``adapter/parts.json``) outside their
+module's rows, LoRA settings memfit does not write, damaged files),
 and so is an ``--out`` that is a link, or is, holds or lies inside what the run reads
 (its model.path, data, code) — replacing those would make a later ``--resume`` train on
 the merged weights. Two merges into one ``--out`` at once: one writes, the other is
@@ -44,7 +45,7 @@ from memfit._utils.errors import ConfigError
 from memfit._utils.folders import creation_problem
 from memfit._utils.no_follow import link_message, open_no_follow
 from memfit.checkpoint import adapter_checks, newest_intact_checkpoint
-from memfit.checkpoint.export import BUFFERS_FILE, load_trained_buffers, save_model
+from memfit.checkpoint.export import BUFFERS_FILE, PARTS_FILE, load_trained_buffers, save_model
 from memfit.checkpoint.state import buffer_state
 from memfit.config import Config, from_mapping
 from memfit.config.code_trust import code_references, module_file, refuse_untrusted_code
@@ -54,6 +55,7 @@ from memfit.distributed.checkpoint import is_sharded_checkpoint, load_trainable
 from memfit.models.export_module import exported_module
 from memfit.models.load import TORCH_DTYPES
 from memfit.techniques import quantize
+from memfit.techniques.lora_parts import fused_width
 from memfit.techniques.registry import frozen_storage_dtype
 from memfit.training.build import load_base, seed_everything
 from memfit.training.run_folder import MARKER_FILE, is_run_folder
@@ -128,10 +130,19 @@ def _merged_adapter(target: nn.Module, adapter: adapter_checks.Adapter,
     from peft import LoraConfig, PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
     from peft.auto import MODEL_TYPE_TO_PEFT_MODEL_MAPPING
 
+    from memfit.techniques import lora_layers
+
     config_file = adapter_dir / adapter_checks.CONFIG_FILE
     weights_file = adapter_dir / adapter_checks.WEIGHTS_FILE
+    modules = dict(target.named_modules())
+    adapter_checks.check_parts_fit(adapter_dir / PARTS_FILE, adapter.parts,
+                                   {name: fused_width(modules[name]) if name in modules else None
+                                    for name in adapter.parts})
     try:
         lora = LoraConfig(**{**adapter.settings, "inference_mode": True})
+        # memfit's layers where it trained with them: Conv subclasses, q,k,v parts
+        lora_layers.register(lora, {id(modules[name]): rows
+                                    for name, rows in adapter.parts.items()})
         wrapper = MODEL_TYPE_TO_PEFT_MODEL_MAPPING.get(lora.task_type, PeftModel)
         model = wrapper(target, lora)
     except (ValueError, TypeError) as error:  # PEFT's word on a setting or a module type

@@ -34,6 +34,46 @@ def regressor() -> nn.Module:
     return Regressor()
 
 
+class SamePaddingConv1d(nn.Conv1d):
+    """A Conv1d subclass with its own __init__ and a forward that pads, then convolves."""
+
+    def __init__(self, channels: int, kernel_size: int):
+        super().__init__(channels, channels, kernel_size)
+        self.pad = nn.ConstantPad1d(((kernel_size - 1) // 2, kernel_size // 2), 0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.conv1d(self.pad(x), self.weight, self.bias)
+
+
+class AttentionRegressor(nn.Module):
+    """The 8 features as 8 tokens through a same-padding Conv1d subclass, a
+    torchvision-style nn.MultiheadAttention and a timm-style fused ``attn.qkv`` Linear."""
+
+    def __init__(self, width: int = 16):
+        super().__init__()
+        self.embed = nn.Linear(1, width)
+        self.mix = SamePaddingConv1d(width, kernel_size=4)
+        self.self_attention = nn.MultiheadAttention(width, 2, batch_first=True)
+        self.attn = nn.Module()
+        self.attn.qkv = nn.Linear(width, 3 * width)
+        self.head = nn.Linear(width, 1)
+
+    def predict(self, inputs: torch.Tensor) -> torch.Tensor:
+        x = self.embed(inputs.unsqueeze(-1))  # [b, 8, width]
+        x = x + self.mix(x.transpose(1, 2)).transpose(1, 2)
+        x = x + self.self_attention(x, x, x, need_weights=False)[0]
+        q, k, v = self.attn.qkv(x).chunk(3, dim=-1)
+        x = x + F.scaled_dot_product_attention(q, k, v)
+        return self.head(x.mean(dim=1))
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(self.predict(inputs), targets)
+
+
+def attention_regressor() -> nn.Module:
+    return AttentionRegressor()
+
+
 def slow_regressor() -> nn.Module:
     return Regressor(seconds_per_forward=0.03)
 

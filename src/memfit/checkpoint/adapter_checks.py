@@ -11,7 +11,9 @@ refused in one line naming the file, the key or field, and the value:
 - before the base is loaded (seconds): the folder and its files lie inside the run folder;
   ``adapter_config.json`` is a JSON object of LoRA settings memfit could have written
   (``lora_settings``); the safetensors files parse, every adapter tensor is floating point,
-  every floating tensor is finite, and the LoRA factors have the config's rank
+  every floating tensor is finite, and the LoRA factors (a fused projection's per-part
+  ones too) have the config's rank; ``parts.json``, if there, maps module names of
+  ``target_modules`` to q/k/v rows in order that do not overlap (``read_parts``)
   (``read_adapter``);
 - once the base is built and wrapped, before anything is written: ``target_modules`` names
   modules of the base (``check_targets``), and the adapter's tensors are exactly the ones
@@ -33,7 +35,7 @@ from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from memfit._utils.errors import ConfigError
-from memfit.checkpoint.export import BUFFERS_FILE
+from memfit.checkpoint.export import BUFFERS_FILE, PARTS_FILE
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
@@ -199,6 +201,7 @@ class Adapter:
     settings: dict[str, Any]  # LoraConfig's keyword arguments
     weights: dict[str, Tensor]  # adapter_model.safetensors
     buffers: dict[str, Tensor] | None  # buffers.safetensors, if there
+    parts: dict[str, dict[str, tuple[int, int]]]  # parts.json: module -> part -> rows
 
 
 def read_adapter(run_dir: Path, adapter_dir: Path) -> Adapter:
@@ -206,13 +209,74 @@ def read_adapter(run_dir: Path, adapter_dir: Path) -> Adapter:
     base: run these before building the base, which takes minutes for a large model."""
     config_file, weights_file = adapter_dir / CONFIG_FILE, adapter_dir / WEIGHTS_FILE
     buffers_file = adapter_dir / BUFFERS_FILE
-    check_inside(run_dir, (adapter_dir, config_file, weights_file, buffers_file))
+    parts_file = adapter_dir / PARTS_FILE
+    check_inside(run_dir, (adapter_dir, config_file, weights_file, buffers_file, parts_file))
     settings = lora_settings(config_file)
     weights = read_tensors(weights_file, floating_only=True)
     _check_rank(weights_file, settings["r"], weights)
     buffers = (read_tensors(buffers_file, floating_only=False)
                if buffers_file.is_file() else None)
-    return Adapter(settings, weights, buffers)
+    parts = read_parts(parts_file, settings["target_modules"]) if parts_file.is_file() else {}
+    return Adapter(settings, weights, buffers, parts)
+
+
+def _is_count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _valid_rows(rows: Any) -> bool:
+    if not isinstance(rows, dict) or not rows or list(rows) != [p for p in "qkv" if p in rows]:
+        return False
+    previous_stop = 0
+    for bounds in rows.values():
+        if not (isinstance(bounds, list) and len(bounds) == 2 and all(map(_is_count, bounds))):
+            return False
+        start, stop = bounds
+        if not previous_stop <= start < stop:
+            return False
+        previous_stop = stop
+    return True
+
+
+def read_parts(path: Path, target_modules: str | list[str]
+               ) -> dict[str, dict[str, tuple[int, int]]]:
+    """``parts.json``: each module (one ``target_modules`` names exactly) -> its parts
+    among q, k, v (in that order) -> rows ``[start, stop)``, ascending and disjoint.
+    Whether the rows fit the module is checked once the base is built (the factors'
+    shapes, ``check_tensors_fit``; the width, ``check_parts_fit``)."""
+    try:
+        raw = json.loads(path.read_bytes())
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise ConfigError(f"{path}: not a readable JSON file ({error})") from None
+    names = (exact_names(target_modules) if isinstance(target_modules, str)
+             else target_modules) or []
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: holds {_shown(raw)}, not an object of module -> parts")
+    parts = {}
+    for name, rows in raw.items():
+        if name not in names:
+            raise ConfigError(f"{path}: {name!r} is not among the target_modules of "
+                              f"{CONFIG_FILE}")
+        if not _valid_rows(rows):
+            raise ConfigError(f"{path}: {name}={_shown(rows)}; memfit merge needs parts among "
+                              'q, k, v in that order, each [start, stop) ascending and '
+                              'disjoint, e.g. {"q": [0, 64], "v": [128, 192]}')
+        parts[name] = {part: (r[0], r[1]) for part, r in rows.items()}
+    return parts
+
+
+def check_parts_fit(path: Path, parts: dict[str, dict[str, tuple[int, int]]],
+                    widths: dict[str, int | None]) -> None:
+    """Each module of ``parts`` (read from ``path``) is a fused projection of the base
+    (``widths``: name -> output rows, None for a module that is not one) whose rows hold
+    every part."""
+    for name, rows in parts.items():
+        width = widths.get(name)
+        stop = max(end for _, end in rows.values())
+        if width is None or stop > width:
+            found = "is no fused q,k,v projection" if width is None else f"has {width} rows"
+            raise ConfigError(f"{path}: {name} {found} in the base, but its parts reach row "
+                              f"{stop} (an adapter of another model?)")
 
 
 def _check_rank(path: Path, rank: int, weights: dict[str, Tensor]) -> None:
@@ -221,8 +285,9 @@ def _check_rank(path: Path, rank: int, weights: dict[str, Tensor]) -> None:
     memory before any shape was compared."""
     factors = 0
     for name, tensor in weights.items():
-        axis = (0 if name.endswith(".lora_A.weight")
-                else 1 if name.endswith(".lora_B.weight") else None)
+        # PEFT's lora_A.weight, or a fused projection's part: lora_A.<adapter>.q.weight
+        factor = re.fullmatch(r".*\.lora_([AB])(?:\.[^.]+\.[qkv])?\.weight", name)
+        axis = None if factor is None else 0 if factor.group(1) == "A" else 1
         if axis is None:
             continue
         factors += 1

@@ -6,7 +6,11 @@
   left them, named as in the plain model. BatchNorm running statistics move in train mode
   even in layers whose weights adapters freeze, and PEFT saves only what trains, so this
   file carries them; PEFT ignores it, ``memfit merge`` loads it, and plain PyTorch loads
-  it with ``model.load_state_dict(load_file(path), strict=False)``.
+  it with ``model.load_state_dict(load_file(path), strict=False)``; and ``parts.json``
+  when LoRA sits on parts of fused q,k,v projections (``techniques/lora_parts.py``): for
+  each such module the rows ``[start, stop)`` of each part, ``{"blocks.0.attn.qkv": {"q":
+  [0, 64], "v": [128, 192]}}``. PEFT cannot express row parts: ``memfit merge`` reads this
+  file; a plain PEFT user folds ``s * lora_B.<part> @ lora_A.<part>`` into those rows.
 - ``model/`` (full fine-tunes): a normal Hugging Face folder, or for plain modules a
   safetensors state dict (parameters and persistent buffers) that loads into the user's
   module class with ``load_state_dict(strict=True)``.
@@ -32,8 +36,10 @@ from memfit._utils.atomic import staged_folder, write_text
 from memfit._utils.errors import CheckpointError
 from memfit.checkpoint.state import buffer_state
 from memfit.models.export_module import exported_module, module_name, plain_module
+from memfit.techniques.lora import placed_parts
 
 BUFFERS_FILE = "buffers.safetensors"
+PARTS_FILE = "parts.json"
 # PEFT keys a saved adapter's weights by their names under PeftModel.base_model.model.
 _PEFT_KEY_PREFIX = "base_model.model."
 
@@ -68,6 +74,9 @@ def export_trained(run_dir: Path, model: nn.Module, tokenizer: Any | None, has_a
             if export_module is not None:
                 _rebase_adapter(folder, plain_module(model), exported)
             _save_trained_buffers(folder, model, exported)
+            parts = placed_parts(exported)
+            if parts:
+                write_text(folder / PARTS_FILE, json.dumps(parts, indent=2))
         else:
             save_pretrained = is_transformers or export_module is not None
             save_model(folder, exported, tokenizer, save_pretrained=save_pretrained,

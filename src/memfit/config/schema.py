@@ -289,8 +289,10 @@ class AdapterConfig:
     alpha: float = doc("LoRA scaling numerator: the update is (alpha / rank) B A.", default=16.0)
     dropout: float = doc("Dropout on the LoRA input.", default=0.0)
     targets: tuple[str, ...] = doc(
-        "Which modules get adapters. Each entry is a kind (attention-qv, attention, mlp, "
-        "all-linear, conv), an encoder-decoder placement (encoder, encoder-late: the later "
+        "Which modules get adapters. Each entry is a kind (attention-qv, attention-q, "
+        "attention-k, attention-v: on a fused q,k,v projection such as qkv, c_attn, qkv_proj "
+        "or nn.MultiheadAttention only those parts' rows; attention, mlp, all-linear, conv), "
+        "an encoder-decoder placement (encoder, encoder-late: the later "
         "half of the encoder's blocks, decoder), a module class name (Linear, Conv2d, "
         "MyAttention), or a module name / glob on full names (q_proj, "
         "'encoder.blocks.*.attn.qkv').",

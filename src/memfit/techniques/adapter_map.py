@@ -3,9 +3,11 @@
 trainable parameters of each group (adapter weights; modules trained in full, such as
 ``adapter.trainable_modules`` or a new head) and how many parameters stay frozen.
 
-A fused attention projection (``qkv``, ``c_attn``, ...) computes q, k and v with one
-Linear, so one adapter on it changes all three: ``attention-qv`` landing there adapts more
-than q and v. The map says so for each such group, and ``adapter_map`` warns.
+A fused attention projection (``qkv``, ``c_attn``, nn.MultiheadAttention, ...) computes
+q, k and v at once. Under the part kinds (``attention-qv``, ``attention-q`` ...) memfit
+places updates on the named parts' rows only, and the map names those parts; where the
+layout is unknown (GPT-NeoX's per-head interleaved ``query_key_value``) one adapter changes
+all three: the map says so for each such group, and ``adapter_map`` warns.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from torch import nn
 
 from memfit.config.schema import AdapterConfig
-from memfit.techniques.lora import FUSED_QKV
+from memfit.techniques.lora import FUSED_QKV, placed_parts
 
 # PEFT's names: adapter weights (lora_A, lora_B, DoRA's lora_magnitude_vector) under the
 # adapted module, and the trained copy of a module it trains in full.
@@ -32,6 +34,7 @@ class AdaptedGroup:
     modules: int
     parameters: int  # adapter parameters of all its modules
     fused_qkv: bool  # a q,k,v projection in one Linear: all three adapted
+    parts: tuple[str, ...] = ()  # a fused projection's parts that got updates, e.g. q, v
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,8 @@ class AdapterMap:
         lines = [f"adapters on {modules} modules (adapter.targets="
                  f"{','.join(self.targets)}):"]
         for group in self.adapted:
-            fused = "; q,k,v fused: all three adapted" if group.fused_qkv else ""
+            fused = ("; q,k,v fused: all three adapted" if group.fused_qkv
+                     else f"; parts {','.join(group.parts)} only" if group.parts else "")
             lines.append(f"  {group.pattern}: {group.modules} modules, "
                          f"{group.parameters:,} adapter parameters{fused}")
         for group in self.trained_in_full:
@@ -76,7 +80,7 @@ class AdapterMap:
 
 def adapter_map(model: nn.Module, config: AdapterConfig) -> AdapterMap:
     """The map of ``model`` as ``techniques.lora.apply`` returned it; warns (one line)
-    when ``attention-qv`` adapted fused q,k,v projections."""
+    when ``attention-qv`` adapted fused q,k,v projections whole."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     adapted: dict[str, dict[str, int]] = {}  # pattern -> module name -> adapter parameters
     trained: dict[str, int] = {}
@@ -93,13 +97,16 @@ def adapter_map(model: nn.Module, config: AdapterConfig) -> AdapterMap:
             module = (name.split(_FULL_COPY_PART, 1)[0] if _FULL_COPY_PART in name
                       else name.rpartition(".")[0] or name)
             trained[_pattern(module)] = trained.get(_pattern(module), 0) + count
+    parts = {_pattern(name): tuple(rows) for name, rows in placed_parts(model).items()}
     groups = tuple(AdaptedGroup(pattern, len(by_module), sum(by_module.values()),
-                                pattern.rsplit(".", 1)[-1] in FUSED_QKV)
+                                pattern.rsplit(".", 1)[-1] in FUSED_QKV and pattern not in parts,
+                                parts.get(pattern, ()))
                    for pattern, by_module in adapted.items())
     fused = [group.pattern for group in groups if group.fused_qkv]
     if fused and "attention-qv" in config.targets:
         warnings.warn(f"adapter.targets=attention-qv adapted fused q,k,v projections "
-                      f"({', '.join(fused)}): their adapters change k as well as q and v; "
+                      f"({', '.join(fused)}) whole (their rows are not laid out as q, k, v "
+                      "blocks): their adapters change k as well as q and v; "
                       "leave them out with adapter.restrict_to or name them in "
                       "adapter.targets to adapt them knowingly", stacklevel=2)
     return AdapterMap(tuple(config.targets), groups,

@@ -23,17 +23,29 @@ from torch import nn
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import AdapterConfig
 from memfit.models.classifier import HEAD_SUFFIXES
+from memfit.techniques.lora_parts import (
+    PART_KINDS,
+    Rows,
+    is_blocked_qkv,
+    is_conv1d,
+    parts_named,
+    rows_of,
+)
 from memfit.techniques.lora_placements import PLACEMENTS, placed_modules
 
-KINDS = ("attention-qv", "attention", "mlp", "all-linear", "conv")
+KINDS = ("attention-qv", "attention-q", "attention-k", "attention-v", "attention", "mlp",
+         "all-linear", "conv")
 # PEFT has LoRA layers for these convolutions (not for transposed ones).
 CONV_TYPES = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 # Leaf names used for attention / MLP projections across common architectures
 # (Llama, GPT-NeoX, BERT, ViT/timm, T5, DistilBERT, Mixtral experts).
 _QUERY = {"q_proj", "query", "q", "q_lin", "wq"}
+_KEY = {"k_proj", "key", "k", "k_lin", "wk"}
 _VALUE = {"v_proj", "value", "v", "v_lin", "wv"}
-# One Linear computing q, k and v together (ViT/timm, GPT-2, GPT-NeoX, MPT).
+_SEPARATE = {"q": _QUERY, "k": _KEY, "v": _VALUE}
+# One Linear computing q, k and v together (ViT/timm, GPT-2, GPT-NeoX, MPT, Phi-3); on
+# those in lora_parts.BLOCKED_QKV the part kinds place updates on the parts' rows.
 FUSED_QKV = {"qkv", "qkv_proj", "c_attn", "query_key_value", "Wqkv", "in_proj"}
 _ATTENTION_PARENT = re.compile(r"attn|attention", re.IGNORECASE)
 _MLP_PARENT = re.compile(r"mlp|ffn|feed_?forward|intermediate|experts?", re.IGNORECASE)
@@ -65,14 +77,18 @@ def _parent(name: str) -> str:
 def _kind_matches(kind: str, name: str, module: nn.Module, heads: set[str]) -> bool:
     if kind == "conv":
         return isinstance(module, CONV_TYPES)
-    if not isinstance(module, nn.Linear) or name in heads:
+    if isinstance(module, nn.MultiheadAttention):  # q, k, v in one in_proj_weight
+        # (PEFT's layer and memfit's need that one weight: kdim = vdim = embed_dim)
+        return is_blocked_qkv(name, module) and kind in ("attention", "all-linear", *PART_KINDS)
+    if not (isinstance(module, nn.Linear) or is_conv1d(module)) or name in heads:
         return False
     leaf = _leaf(name)
     if kind == "all-linear":
         return True
-    if kind == "attention-qv":
-        return leaf in _QUERY | _VALUE | FUSED_QKV
-    is_attention = (leaf in _QUERY | _VALUE | FUSED_QKV | {"k_proj", "key", "k", "o_proj"}
+    if kind in PART_KINDS:
+        return (leaf in FUSED_QKV and (kind == "attention-qv" or is_blocked_qkv(name, module))
+                or any(leaf in _SEPARATE[part] for part in PART_KINDS[kind]))
+    is_attention = (leaf in _QUERY | _KEY | _VALUE | FUSED_QKV | {"o_proj"}
                     or bool(_ATTENTION_PARENT.search(_parent(name))))
     if kind == "attention":
         return is_attention
@@ -91,11 +107,25 @@ def inside_parts(name: str, parts: Iterable[str]) -> bool:
 
 
 def _adaptable(module: nn.Module) -> bool:
-    return isinstance(module, (nn.Linear, *CONV_TYPES))
+    return isinstance(module, (nn.Linear, nn.MultiheadAttention, *CONV_TYPES)) or is_conv1d(module)
+
+
+def _attention_out_projections(modules: dict[str, nn.Module]) -> set[str]:
+    """nn.MultiheadAttention's out_proj: its forward reads the weight and never calls the
+    Linear, so an adapter there would do nothing; the attention module is adapted instead."""
+    return {f"{name}.out_proj" if name else "out_proj" for name, module in modules.items()
+            if isinstance(module, nn.MultiheadAttention)}
 
 
 def resolve_targets(model: nn.Module, config: AdapterConfig) -> list[str]:
     """Full names of the modules that get adapters, or a ConfigError listing candidates."""
+    return list(resolve_placement(model, config))
+
+
+def resolve_placement(model: nn.Module, config: AdapterConfig) -> dict[str, Rows | None]:
+    """Each module that gets adapters (full name, in model order): the rows of the q, k, v
+    parts placed on it (a fused projection that only part kinds chose), or None for one
+    adapter on the whole module. A ConfigError lists the candidates when nothing matches."""
     modules = dict(model.named_modules())
     if config.restrict_to:
         inside = {name for name in modules if name and inside_parts(name, config.restrict_to)}
@@ -106,18 +136,27 @@ def resolve_targets(model: nn.Module, config: AdapterConfig) -> list[str]:
     else:
         inside = set(modules)
     heads = output_layer_names(model)
+    ignored = _attention_out_projections(modules)
     placed = placed_modules(model, config.targets,
-                            [name for name, module in modules.items() if _adaptable(module)])
-    chosen = []
+                            [name for name, module in modules.items()
+                             if _adaptable(module) and name not in ignored])
+    chosen: dict[str, Rows | None] = {}
     for name, module in modules.items():
-        if name not in inside or not name or not _adaptable(module):
+        if name not in inside or not name or not _adaptable(module) or name in ignored:
             continue
-        for target in config.targets:
-            if (name in placed[target] if target in placed
-                    else _kind_matches(target, name, module, heads) if target in KINDS
-                    else type(module).__name__ == target or name_matches(target, name)):
-                chosen.append(name)
-                break
+        matching = [target for target in config.targets
+                    if (name in placed[target] if target in placed
+                        else _kind_matches(target, name, module, heads) if target in KINDS
+                        else type(module).__name__ == target or name_matches(target, name))]
+        if not matching:
+            continue
+        by_parts = is_blocked_qkv(name, module) and all(t in PART_KINDS for t in matching)
+        if is_conv1d(module) and not by_parts:
+            # GPT-2's Conv1D takes memfit's part layer only: PEFT's own flips fan_in_fan_out
+            # in the saved adapter_config.json, a setting memfit merge does not accept.
+            continue
+        chosen[name] = (rows_of(name, module, getattr(model, "config", None),
+                                parts_named(tuple(matching))) if by_parts else None)
     if not chosen:
         raise ConfigError(_no_match_message(modules, inside, config))
     return chosen
@@ -125,8 +164,9 @@ def resolve_targets(model: nn.Module, config: AdapterConfig) -> list[str]:
 
 def _no_match_message(modules: dict[str, nn.Module], inside: set[str],
                       config: AdapterConfig) -> str:
+    ignored = _attention_out_projections(modules)
     candidates = [(name, module) for name, module in modules.items()
-                  if name in inside and name and _adaptable(module)]
+                  if name in inside and name and _adaptable(module) and name not in ignored]
     leaves = sorted({_leaf(name) for name, _ in candidates})
     classes = sorted({type(module).__name__ for _, module in candidates})
     where = f" inside adapter.restrict_to={list(config.restrict_to)}" if config.restrict_to else ""
@@ -153,8 +193,11 @@ def apply(model: nn.Module, config: AdapterConfig,
     ``classifier_head``: a sequence classifier's new head (top-level module names)."""
     from peft import LoraConfig, get_peft_model
 
-    targets = [name for name in resolve_targets(model, config)
-               if not inside_parts(name, classifier_head)]
+    from memfit.techniques import lora_layers
+
+    placement = {name: rows for name, rows in resolve_placement(model, config).items()
+                 if not inside_parts(name, classifier_head)}
+    targets = list(placement)
     if not targets:
         raise ConfigError(f"adapter.targets={list(config.targets)} matched only the new "
                           f"classification head ({', '.join(classifier_head)}), which trains "
@@ -177,8 +220,25 @@ def apply(model: nn.Module, config: AdapterConfig,
         modules_to_save=trainable or None,
         task_type="SEQ_CLS" if classifier_head else None,
     )
+    modules = dict(model.named_modules())
+    lora_layers.register(lora, {id(modules[name]): rows for name, rows in placement.items()
+                                if rows is not None})
     # PEFT keeps adapter weights in fp32 even on a bf16/4-bit base (autocast_adapter_dtype).
-    return get_peft_model(model, lora)
+    try:
+        return get_peft_model(model, lora)
+    except ValueError as error:  # PEFT's word on a setting for a layer (e.g. DoRA on MHA)
+        reason = " ".join(str(error).split())
+        raise ConfigError(f"adapter: PEFT cannot apply LoRA as configured: {reason}") from None
+
+
+def placed_parts(model: nn.Module) -> dict[str, Rows]:
+    """The q, k, v parts memfit's layers carry in the adapted ``model``: module name (as in
+    the base model) -> rows; what ``adapter/parts.json`` records."""
+    from memfit.techniques.lora_layers import FusedParts
+
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {name: dict(module.rows) for name, module in base.named_modules()
+            if isinstance(module, FusedParts)}
 
 
 def check_applied(model: nn.Module) -> None:
@@ -193,6 +253,23 @@ def check_applied(model: nn.Module) -> None:
         raise ConfigError(f"adapter.kind: {len(others)} base parameters still require grad "
                           f"(e.g. {others[0]}); list fully trained modules in "
                           "adapter.trainable_modules")
+    unused = _unused_out_projection_adapters(model)
+    if unused:
+        raise ConfigError(f"adapter.targets: {unused[0]} is the out_proj of an "
+                          "nn.MultiheadAttention, whose forward never calls it, so its adapter "
+                          "would not train; target the attention module instead")
+
+
+def _unused_out_projection_adapters(model: nn.Module) -> list[str]:
+    """Adapter layers on a plain nn.MultiheadAttention's out_proj (PEFT's own attention
+    layer adapts its out_proj through the weights, and is no plain one)."""
+    from peft.tuners.lora import LoraLayer
+
+    wrapped = {id(module.get_base_layer()) for module in model.modules()
+               if isinstance(module, LoraLayer)}
+    return [f"{name}.out_proj" for name, module in model.named_modules()
+            if isinstance(module, nn.MultiheadAttention) and id(module) not in wrapped
+            and isinstance(module.out_proj, LoraLayer)]
 
 
 def check_gradients_reached(model: nn.Module) -> None:

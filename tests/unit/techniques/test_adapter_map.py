@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from technique_models import Autoencoder
+from torch import nn
 from transformers import AutoModelForCausalLM
 
 from memfit.config.schema import AdapterConfig, Precision
@@ -51,15 +52,36 @@ def test_attention_qv_on_a_llama_lists_q_and_v_groups_with_their_parameters():
         "model.layers.*.self_attn.v_proj"
 
 
-def test_attention_qv_on_fused_qkv_warns_in_one_line_and_says_so_in_the_map():
+def test_attention_qv_on_fused_qkv_places_q_and_v_parts_and_does_not_warn():
     config = AdapterConfig(kind="lora", rank=4, targets=("attention-qv",))
     model = lora.apply(Autoencoder(depth=3), config)
-    with pytest.warns(UserWarning, match=r"attention-qv adapted fused q,k,v projections "
-                                         r"\(encoder\.blocks\.\*\.attn\.qkv\)") as caught:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
         found = adapter_map(model, config)
-    assert "\n" not in str(caught[0].message)
     assert found.adapted == (AdaptedGroup("encoder.blocks.*.attn.qkv", 3,
                                           trainable_numel(model, "attn.qkv.lora_"),
+                                          fused_qkv=False, parts=("q", "v")),)
+    assert "encoder.blocks.*.attn.qkv: 3 modules" in found.to_text()
+    assert "parts q,v only" in found.to_text()
+
+
+class _NeoXAttention(nn.Module):
+    """GPT-NeoX's query_key_value interleaves q, k, v per head: no row blocks to place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention = nn.ModuleDict({"query_key_value": nn.Linear(16, 48)})
+
+
+def test_attention_qv_on_an_interleaved_fused_qkv_warns_in_one_line_and_says_so_in_the_map():
+    config = AdapterConfig(kind="lora", rank=4, targets=("attention-qv",))
+    model = lora.apply(_NeoXAttention(), config)
+    with pytest.warns(UserWarning, match=r"attention-qv adapted fused q,k,v projections "
+                                         r"\(attention\.query_key_value\) whole") as caught:
+        found = adapter_map(model, config)
+    assert "\n" not in str(caught[0].message)
+    assert found.adapted == (AdaptedGroup("attention.query_key_value", 1,
+                                          trainable_numel(model, "query_key_value.lora_"),
                                           fused_qkv=True),)
     assert "q,k,v fused: all three adapted" in found.to_text()
 
