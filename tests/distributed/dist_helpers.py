@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -67,3 +68,23 @@ def on_two_processes(script: str, *arguments: str, cwd: Path,
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
          "--max-restarts=0", str(HERE / script), *arguments],
         cwd=cwd, env=memfit_environment(), capture_output=True, text=True, timeout=timeout)
+
+
+def interrupted_copy(root: Path, run: str, processes: int, last_step: int,
+                     global_batch: int = 8) -> tuple[Path, Path]:
+    """``run`` as if it had stopped before its step-``last_step`` checkpoint (that one, the
+    export and the records removed), and the config that resumes it on ``processes``
+    processes with the same global batch."""
+    copy = root / f"{run}-resumed-on-{processes}"
+    shutil.copytree(root / run, copy)
+    shutil.rmtree(copy / "checkpoints" / f"step-{last_step}")
+    for export in ("adapter", "model"):
+        shutil.rmtree(copy / export, ignore_errors=True)
+    (copy / "metrics.jsonl").write_text("")
+    (copy / "summary.json").unlink()
+    mapping = yaml.safe_load((copy / "config.yaml").read_text())
+    mapping["train"]["micro_batch_size"] = global_batch // processes
+    mapping["distributed"]["nproc"] = processes
+    config = root / f"{copy.name}.yaml"
+    config.write_text(yaml.safe_dump(mapping))
+    return copy, config

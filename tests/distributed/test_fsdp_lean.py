@@ -17,14 +17,12 @@ process.
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from ddp_jobs import write_state
-from dist_helpers import on_two_processes, run_config, write_text_rows
+from dist_helpers import interrupted_copy, on_two_processes, run_config, write_text_rows
 from safetensors.torch import load_file
 
 from memfit.monitor.metrics import losses_by_step, read_metrics
@@ -58,22 +56,6 @@ def _config(root: Path, name: str, data: Path, processes: int, case: dict,
                       distributed={"strategy": strategy})
 
 
-def _interrupted_copy(root: Path, run: str, processes: int) -> tuple[Path, Path]:
-    """``run`` as if it had stopped after its step-2 checkpoint, and the config that
-    resumes it on ``processes`` processes with the same global batch."""
-    copy = root / f"{run}-resumed-on-{processes}"
-    shutil.copytree(root / run, copy)
-    shutil.rmtree(copy / "checkpoints" / f"step-{STEPS}")
-    (copy / "metrics.jsonl").write_text("")
-    (copy / "summary.json").unlink()
-    mapping = yaml.safe_load((copy / "config.yaml").read_text())
-    mapping["train"]["micro_batch_size"] = 8 // (2 * processes)
-    mapping["distributed"]["nproc"] = processes
-    config = root / f"{copy.name}.yaml"
-    config.write_text(yaml.safe_dump(mapping))
-    return copy, config
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("fsdp-lean")
@@ -87,13 +69,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         jobs.append({"train": str(_config(root, f"{name}-2", data, 2, case, "fsdp"))})
         jobs.append({"state": str(root / f"{name}-2.yaml"), "steps": 3,
                      "out": str(root / f"{name}-2-state")})
-        copy, config = _interrupted_copy(root, f"{name}-fsdp1", 2)
+        copy, config = interrupted_copy(root, f"{name}-fsdp1", 2, STEPS, global_batch=4)
         jobs.append({"train": str(config), "resume": str(copy)})
     (root / "jobs.json").write_text(json.dumps(jobs))
     job = on_two_processes("ddp_jobs.py", str(root / "jobs.json"), cwd=root)
     assert job.returncode == 0, job.stderr[-4000:]
     for name in CASES:
-        copy, config = _interrupted_copy(root, f"{name}-2", 1)
+        copy, config = interrupted_copy(root, f"{name}-2", 1, STEPS, global_batch=4)
         train(config, resume=copy)
     return root
 
