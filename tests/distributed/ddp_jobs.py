@@ -30,9 +30,9 @@ from torch.distributed.tensor import DTensor
 from memfit import distributed
 from memfit.config import Config, from_mapping
 from memfit.config.load import read_yaml
-from memfit.distributed.quantized_shards import PackedQuantizedLinear
 from memfit.monitor.tensor_tracker import TensorTracker
 from memfit.techniques.quantize import is_quantized_layer
+from memfit.techniques.quantized_shards import PackedQuantizedLinear
 from memfit.training.api import train
 from memfit.training.batches import BatchStream
 from memfit.training.build import build_run

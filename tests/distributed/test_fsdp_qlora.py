@@ -1,4 +1,4 @@
-"""QLoRA under FSDP2 with the quantized base sharded (distributed/quantized_shards.py), on
+"""QLoRA under FSDP2 with the quantized base sharded (techniques/quantized_shards.py), on
 2 gloo processes, fp32 so that sharding alone is compared:
 
 - NF4 (double quantized) and int8 bases, and NF4 with FSDP2's host offload

@@ -52,7 +52,7 @@ def test_planner_divides_sharded_bytes_by_the_devices():
     for category in ("weights", "grads", "optimizer"):
         assert two.bytes[category] == -(-one.bytes[category] // 2)
     assert two.bytes["activations"] == one.bytes["activations"]  # per-device micro-batch
-    # qlora: the 4-bit base's codes and scales are sharded too (distributed.quantized_shards)
+    # qlora: the 4-bit base's codes and scales are sharded too (techniques.quantized_shards)
     qlora = {"adapter.kind": "qlora", "precision": "bf16"}
     assert (estimate(with_overrides(config, {**qlora, "distributed.nproc": 2}), "cpu")
             .bytes["weights"] == -(-estimate(with_overrides(

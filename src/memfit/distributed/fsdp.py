@@ -16,7 +16,8 @@ gradients and optimizer state are sharded along dim 0 across the processes.
   it as host memory, so the CPU tracker counts it apart on a CPU device too).
 - Quantized frozen weights (bitsandbytes 4-bit / 8-bit: integer codes whose scales live
   beside them as quant state) are sharded too: each layer's codes and scales become the
-  bytes of one uint8 parameter first (``quantized_shards``), which FSDP2 shards and
+  bytes of one uint8 parameter first (``techniques/quantized_shards.py``, applied by the
+  fsdp strategy spec before ``shard``), which FSDP2 shards and
   gathers like any weight and never casts.
 """
 
@@ -36,7 +37,6 @@ from torch.distributed.fsdp import (
 from memfit.config.schema import Precision
 from memfit.distributed.host_offload import count_shards_as_host
 from memfit.distributed.process_group import world_size
-from memfit.distributed.quantized_shards import make_shardable
 
 _GATHER_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
@@ -53,8 +53,8 @@ def shard(model: nn.Module, blocks: list[nn.Module], precision: Precision,
           device: torch.device, host_offload: bool = False) -> nn.Module:
     """Shard ``model`` in place across the process group: one unit per block, then the
     root. Parameters move to ``device`` as they are sharded, or stay in host memory with
-    ``host_offload``. bitsandbytes layers are replaced by their packed form first."""
-    make_shardable(model)
+    ``host_offload``. A quantized base must be in its packed form already
+    (``techniques.quantized_shards``, which the fsdp strategy spec applies)."""
     mesh = init_device_mesh(device.type, (world_size(),))
     options = {"mesh": mesh, "mp_policy": mixed_precision(precision),
                "offload_policy": (CPUOffloadPolicy(pin_memory=torch.cuda.is_available())

@@ -22,7 +22,7 @@ from torch.optim import Optimizer
 from memfit.config.schema import Config, DistributedStrategy, Precision
 from memfit.distributed import fsdp
 from memfit.distributed.ddp import Replicas
-from memfit.techniques import checkpointing, registry
+from memfit.techniques import checkpointing, quantized_shards, registry
 from memfit.techniques.optimizers.build import projects_in_backward
 from memfit.techniques.optimizers.registry import spec_for
 
@@ -66,6 +66,7 @@ def _sharded(model: nn.Module, setting: registry.Setting, device: torch.device) 
     memory.checkpoint_modules for plain modules) and the root. The device stage (bf16-pure)
     comes first: FSDP2 keeps the dtype it shards."""
     model = registry.apply_stage("device", model, setting)
+    quantized_shards.make_shardable(model)  # a quantized base: codes and scales as one uint8
     memory = setting.config.memory
     blocks = checkpointing.choose_blocks(model, memory)
     return fsdp.shard(model, blocks, setting.config.precision, device,

@@ -200,7 +200,7 @@ def _inputs_in_step(config: Config, sizing: _Sizing, device: str) -> int:
 def _gathered(module: nn.Module) -> list[torch.Tensor]:
     """What FSDP2 gathers of ``module``: its floating-point parameters, and the quantized
     base's bytes (the stand-in's buffer; in training the packed uint8 parameter of
-    distributed.quantized_shards)."""
+    techniques.quantized_shards)."""
     return [p for p in module.parameters() if p.is_floating_point()] + [
         layer.quantized for layer in module.modules() if isinstance(layer, QuantizedLinear)]
 

@@ -59,7 +59,7 @@ def sharded_over(config: Config) -> int:
 
 def sharded_weights(config: Config, weight_bytes: int) -> int:
     """Weights one process holds: FSDP2 shards all of them, a QLoRA base's packed codes
-    and scales included (memfit.distributed.quantized_shards)."""
+    and scales included (memfit.techniques.quantized_shards)."""
     return -(-weight_bytes // sharded_over(config))
 
 

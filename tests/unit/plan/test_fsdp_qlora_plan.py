@@ -1,4 +1,4 @@
-"""The planner's view of QLoRA under FSDP2 (distributed/quantized_shards.py; the 4-bit
+"""The planner's view of QLoRA under FSDP2 (techniques/quantized_shards.py; the 4-bit
 base divided over the processes: tests/distributed/test_fsdp_rules.py): a block's codes
 and scales in the all-gather working set, FSDP2's host offload (CPUOffloadPolicy) with
 each process's shards counted as host bytes, and that offload as the OOM ladder's last

@@ -1,4 +1,4 @@
-"""The packed form of a bitsandbytes layer (distributed/quantized_shards.py) computes
+"""The packed form of a bitsandbytes layer (techniques/quantized_shards.py) computes
 exactly what the layer computes: outputs and input gradients bit for bit, in training and
 evaluation, with and without autocast; and its one parameter holds every byte of the
 layer's codes and scales."""
@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from memfit.config.schema import AdapterConfig, BaseQuantization, Precision
-from memfit.distributed.quantized_shards import PackedQuantizedLinear, make_shardable
 from memfit.techniques import quantize
+from memfit.techniques.quantized_shards import PackedQuantizedLinear, make_shardable
 
 CASES = [(BaseQuantization.NF4, True, Precision.FP32),
          (BaseQuantization.NF4, False, Precision.BF16),
