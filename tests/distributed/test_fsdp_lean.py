@@ -84,6 +84,19 @@ def _losses(run: Path) -> dict[int, float]:
     return losses_by_step(read_metrics(run))
 
 
+# The 2-process losses pinned to the digits printed on 2026-12-02 (torch 2.13.0, CPU), the
+# fsdp half of tests/regression/test_pinned_losses.py.
+PINNED = {
+    "galore": [5.554708, 5.493950, 5.407776, 5.331864],
+    "layerwise-adamw": [5.554708, 5.410375, 5.231958, 5.138332],
+}
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_the_two_process_losses_are_the_pinned_ones(runs: Path, name: str):
+    assert list(_losses(runs / f"{name}-2").values()) == pytest.approx(PINNED[name], rel=1e-5)
+
+
 @pytest.mark.parametrize("name", list(CASES))
 def test_two_processes_match_one_on_the_same_global_batch(runs: Path, name: str):
     single = _losses(runs / f"{name}-single")

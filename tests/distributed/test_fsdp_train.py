@@ -56,6 +56,16 @@ def test_two_processes_match_one_on_the_same_global_batch(runs: Path):
     assert not (checkpoint / "trainable.safetensors").exists()
 
 
+# The 2-process losses pinned to the digits printed on 2026-12-02 (torch 2.13.0, CPU), the
+# fsdp half of tests/regression/test_pinned_losses.py.
+PINNED = [5.554708, 5.410375, 5.231967, 5.137455]
+
+
+def test_the_two_process_losses_are_the_pinned_ones(runs: Path):
+    losses = losses_by_step(read_metrics(runs / "sharded"))
+    assert list(losses.values()) == pytest.approx(PINNED, rel=1e-5)
+
+
 def _interrupted_copy(runs: Path, name: str) -> Path:
     """The 2-process run as if it had stopped after its step-2 checkpoint."""
     copy = runs / name
