@@ -46,12 +46,12 @@ from memfit._utils.folders import creation_problem
 from memfit._utils.no_follow import link_message, open_no_follow
 from memfit.checkpoint import adapter_checks, newest_intact_checkpoint
 from memfit.checkpoint.export import BUFFERS_FILE, PARTS_FILE, load_trained_buffers, save_model
+from memfit.checkpoint.sharded import is_sharded_checkpoint, load_trainable
 from memfit.checkpoint.state import buffer_state
 from memfit.config import Config, from_mapping
 from memfit.config.code_trust import code_references, module_file, refuse_untrusted_code
 from memfit.config.load import read_yaml
 from memfit.config.schema import AdapterKind, Precision
-from memfit.distributed.checkpoint import is_sharded_checkpoint, load_trainable
 from memfit.models.export_module import exported_module
 from memfit.models.load import TORCH_DTYPES
 from memfit.techniques import quantize

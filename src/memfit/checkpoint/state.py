@@ -16,7 +16,7 @@ Data parallel (distributed.strategy=ddp) writes this same single-process checkpo
 rank 0 (every rank holds the same weights and state), so it resumes on any number of
 processes. A model sharded with FSDP2 writes a sharded checkpoint instead of
 ``trainable.safetensors``, ``buffers.safetensors`` and ``optimizer.pt``
-(memfit/distributed/checkpoint.py); the manifest's kind says which one a folder is. A
+(memfit/checkpoint/sharded.py); the manifest's kind says which one a folder is. A
 folder is loaded only once it matches its manifest, and only the files the manifest lists
 are read.
 Folders are written under a temporary name and renamed, so a kill mid-save leaves the
@@ -43,9 +43,9 @@ from memfit._utils.atomic import staged_folder
 from memfit._utils.errors import CheckpointError, ConfigError
 from memfit._utils.weights_only import load_weights_only
 from memfit.checkpoint import index
+from memfit.checkpoint import sharded as sharded_checkpoint
 from memfit.checkpoint.folders import checkpoints_root
 from memfit.checkpoint.manifest import CheckpointKind, Manifest, verify_checkpoint, write_manifest
-from memfit.distributed import checkpoint as sharded_checkpoint
 from memfit.distributed.fsdp import is_sharded
 
 CONFIG_FILE = "config.yaml"

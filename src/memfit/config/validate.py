@@ -188,7 +188,7 @@ def _check_distributed(config: Config) -> None:
         return
     # What a strategy cannot train lives in its spec (imported here, not at the top: it
     # builds on torch.distributed and on this package).
-    from memfit.distributed.strategies import strategy_for
+    from memfit.techniques.distribution import strategy_for
 
     why = strategy_for(config).refusal(config)
     if why is not None:

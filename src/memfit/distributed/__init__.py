@@ -1,6 +1,6 @@
-"""Multi-process training: the process group and rank helpers, FSDP2 sharding, sharded
-checkpoints (``torch.distributed.checkpoint``) and the ``memfit train --nproc N``
-launcher. The helpers re-exported here are no-ops when training is not distributed."""
+"""Multi-process training: the process group and rank helpers, FSDP2 sharding and the
+``memfit train --nproc N`` launcher (sharded checkpoints live in memfit.checkpoint). The
+helpers re-exported here are no-ops when training is not distributed."""
 
 from memfit.distributed.process_group import (
     all_reduce_sum,

@@ -5,7 +5,7 @@ tensors (Adafactor, GaLore) sum its partial results over the processes itself.
 ``LocalRowsOptimizer(groups, make)`` builds the inner optimizer with ``make`` over views
 of the local rows (``param.to_local()``: the same storage, so an update of the view is an
 update of the shard) and, where the inner optimizer has ``set_row_shards``, tells it
-which rows of which whole tensor each view holds (``memfit.distributed.row_shards``).
+which rows of which whole tensor each view holds (``memfit.optim.row_shards``).
 ``step()`` hands the inner optimizer the local rows of the reduce-scattered gradients.
 Layer-wise updates (an inner ``LayerwiseOptimizer``) are driven by FSDP2 itself: it runs
 each sharded parameter's post-accumulate-grad hooks once its reduce-scatter has finished,
@@ -29,7 +29,7 @@ import torch
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim import Optimizer
 
-from memfit.distributed.row_shards import RowShard, elementwise_placement
+from memfit.optim.row_shards import RowShard, elementwise_placement
 
 Factory = Callable[[list[dict]], Optimizer]
 

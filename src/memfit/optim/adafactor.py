@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from memfit._utils.errors import ConfigError
-from memfit.distributed.row_shards import RowShard
+from memfit.optim.row_shards import RowShard
 
 
 class Adafactor(torch.optim.Optimizer):

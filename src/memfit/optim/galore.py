@@ -91,7 +91,7 @@ from memfit.optim.projectors import (
 from memfit.optim.stochastic_rounding import apply_updates_by_rows_, make_generator, mix_seed
 
 if TYPE_CHECKING:
-    from memfit.distributed.row_shards import RowShard
+    from memfit.optim.row_shards import RowShard
 
 SUBSPACE_CHANGE_CHOICES: tuple[str, ...] = ("keep", "reset", "reproject")
 DEFAULT_SUBSPACE_CHANGE = "reproject"

@@ -32,9 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from memfit.config.schema import Config, DistributedStrategy
-from memfit.distributed.row_shards import RowShard
-from memfit.distributed.strategies import strategy_for
+from memfit.optim.row_shards import RowShard
 from memfit.plan.trace import TraceResult
+from memfit.techniques.distribution import strategy_for
 from memfit.techniques.optimizers import Param, projects_in_backward, spec_for
 
 Split = dict[str, int]  # bytes by category at one moment

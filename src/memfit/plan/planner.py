@@ -23,12 +23,12 @@ from memfit.config.limits import (
     check_int_limits,
 )
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Task
-from memfit.distributed.strategies import strategy_for
 from memfit.plan import meta
 from memfit.plan.context import check_max_length
 from memfit.plan.itemize import Estimate, ExampleBatch, estimate
 from memfit.plan.strategies import Overrides, strategies, with_overrides
 from memfit.techniques import chunked_loss, tiled_mlp
+from memfit.techniques.distribution import strategy_for
 
 
 @dataclass(frozen=True)

@@ -26,13 +26,13 @@ from memfit.checkpoint import (
 )
 from memfit.checkpoint.export import export_trained
 from memfit.checkpoint.folders import checkpoint_folders
+from memfit.checkpoint.sharded import gathered_state_dict
 from memfit.checkpoint.state import BASE_FILE, CONFIG_FILE, DATA_FILE
 from memfit.config import Config, from_mapping, to_yaml
 from memfit.config.load import read_yaml
 from memfit.config.resume import check_resume_changes
 from memfit.config.schema import AdapterKind
 from memfit.data.fingerprint import data_fingerprint
-from memfit.distributed.checkpoint import gathered_state_dict
 from memfit.models.fingerprint import base_fingerprint
 from memfit.monitor.memory import (
     CATEGORIES,

@@ -36,7 +36,6 @@ from memfit import distributed
 from memfit.config.schema import AdapterKind, Config
 from memfit.data import Splits, build_datasets, collate
 from memfit.distributed.ddp import Replicas
-from memfit.distributed.strategies import strategy_for
 from memfit.models.classifier import with_classes
 from memfit.models.export_module import exported_module
 from memfit.models.load import LoadedModel, load_model
@@ -44,6 +43,7 @@ from memfit.plan.context import check_max_length
 from memfit.techniques import registry
 from memfit.techniques.activation_offload import ActivationOffload
 from memfit.techniques.adapter_map import AdapterMap, adapter_map
+from memfit.techniques.distribution import strategy_for
 from memfit.techniques.optimizers import build_optimizer
 from memfit.techniques.precision import grad_scaler
 from memfit.training.objective import Objective

@@ -15,9 +15,9 @@ from torch.distributed.checkpoint.state_dict import get_state_dict
 
 from memfit._utils.errors import CheckpointError
 from memfit.checkpoint import load_checkpoint, save_checkpoint
+from memfit.checkpoint import sharded as sharded_checkpoint
 from memfit.checkpoint.manifest import MANIFEST_FILE, CheckpointKind, write_manifest
 from memfit.checkpoint.state import TrainerState
-from memfit.distributed import checkpoint as sharded_checkpoint
 
 
 class Plant:

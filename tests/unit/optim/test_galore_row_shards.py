@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from memfit._utils.errors import ConfigError
-from memfit.distributed.row_shards import RowShard
 from memfit.optim import GaLore
+from memfit.optim.row_shards import RowShard
 from tests.unit.optim.two_processes import on_two_processes
 
 STEPS = 5

@@ -11,8 +11,8 @@ import torch
 from two_processes import on_two_processes
 
 from memfit._utils.errors import ConfigError
-from memfit.distributed.row_shards import RowShard
 from memfit.optim import Adafactor
+from memfit.optim.row_shards import RowShard
 
 # Rows over 2 processes, torch.chunk's division: (5, 3) is 3 + 2 rows, (1, 4) and (1,)
 # leave process 1 none; (4, 3, 2, 2) is a conv weight (dims -2, -1 are not dim 0).

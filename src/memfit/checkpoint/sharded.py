@@ -32,8 +32,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from memfit._utils.atomic import staged_folder
+from memfit.checkpoint import dcp_reader
 from memfit.checkpoint.manifest import CheckpointKind, read_manifest, verify_checkpoint
-from memfit.distributed import dcp_reader
 from memfit.distributed.fsdp import is_sharded
 from memfit.distributed.process_group import barrier, broadcast_from_main, is_main
 
