@@ -7,7 +7,9 @@ Python entry points (imported lazily, so ``import memfit`` stays cheap):
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+from memfit._utils.version import VERSION
+
+__version__ = VERSION
 
 
 def __getattr__(name: str):

@@ -181,8 +181,7 @@ def _summary_table(summary: dict[str, Any] | None) -> str:
 
 
 def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str) -> str:
-    import memfit
-    from memfit.plan.planner import load_plan_config
+    from memfit.plan.planner import load_plan_config, plan
     from memfit.plan.report import format_plan
     from memfit.training.fit import example_batch
 
@@ -198,11 +197,11 @@ def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str) ->
                          f"memfit plan {run_dir / 'config.yaml'} --device {plan_device} "
                          "--budget SIZE")
         # A factory or image model is traced on a batch of its data, as `memfit plan` does.
-        plan = memfit.plan(config, config.memory.budget or _NO_BUDGET, device=plan_device,
-                           example_batch=example_batch(config))
+        planned = plan(config, config.memory.budget or _NO_BUDGET, device=plan_device,
+                       example_batch=example_batch(config))
     except MemfitError as error:  # e.g. data.path moved since the run
         return _note(f"no plan: {error}")
-    estimate = plan.config
+    estimate = planned.config
     summary = summary or {}
     measured = summary.get("memory_peak_by_category")
     measured = measured if isinstance(measured, dict) else {}
@@ -228,7 +227,7 @@ def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str) ->
     if config.memory.budget:
         parts.append(f"<details><summary>every strategy against memory.budget="
                      f"{html.escape(str(config.memory.budget))}</summary>"
-                     f"<pre>{html.escape(format_plan(plan, config))}</pre></details>")
+                     f"<pre>{html.escape(format_plan(planned, config))}</pre></details>")
     return "\n".join(parts)
 
 
@@ -248,7 +247,7 @@ def _memory_timeline(records: list[dict[str, Any]]) -> str:
 
 
 def _loss_curves(records: list[dict[str, Any]]) -> str:
-    from memfit.bench.plots import line_plot
+    from memfit.monitor.memory_plot import line_plot
     from memfit.monitor.metrics import losses_by_step
 
     series = {"training loss": losses_by_step(records),

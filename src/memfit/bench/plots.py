@@ -1,10 +1,10 @@
-"""The bench's PNGs (and the curves ``memfit report`` draws): stacked peak memory per
-case, loss curves, peak memory over steps. Same colours, units and atomic writes as the
-run folder's memory.png (monitor.memory_plot)."""
+"""The bench's stacked peak memory per case (its loss curves and peak memory over steps are
+monitor.memory_plot.line_plot's). Same colours, units and atomic writes as the run
+folder's memory.png (monitor.memory_plot)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -14,8 +14,6 @@ from memfit.monitor.memory import CATEGORIES
 
 # Shared with memory.png so a category has one colour in every memfit picture.
 from memfit.monitor.memory_plot import CATEGORY_COLORS, byte_unit, save_png
-
-Series = Mapping[str, Mapping[int, float]]  # label -> step -> value
 
 
 def memory_bars(rows: Sequence[Row], path: Path) -> Path:
@@ -39,26 +37,5 @@ def memory_bars(rows: Sequence[Row], path: Path) -> Path:
     axes.set_xlabel(f"peak memory ({unit}); black tick: memfit plan's estimate")
     axes.set_title("Peak memory by category")
     axes.legend(loc="lower right", fontsize="small")
-    figure.tight_layout()
-    return save_png(figure, path)
-
-
-def line_plot(series: Series, path: Path, title: str, ylabel: str, bytes_axis: bool = False,
-              markers: bool = False) -> Path:
-    """One line per label over optimizer steps; ``bytes_axis`` scales to binary units."""
-    largest = max((v for values in series.values() for v in values.values()), default=1)
-    unit, size = byte_unit(largest) if bytes_axis else ("", 1)
-    figure = Figure(figsize=(9, 5))
-    axes = figure.add_subplot()
-    for label, values in series.items():
-        steps = sorted(values)
-        axes.plot(steps, [values[s] / size for s in steps], label=label, linewidth=1.2,
-                  marker="o" if markers or len(steps) == 1 else None, markersize=3)
-    axes.set_xlabel("optimizer step")
-    axes.set_ylabel(f"{ylabel} ({unit})" if unit else ylabel)
-    axes.set_title(title)
-    if bytes_axis:
-        axes.set_ylim(bottom=0)
-    axes.legend(fontsize="x-small", ncol=2)
     figure.tight_layout()
     return save_png(figure, path)

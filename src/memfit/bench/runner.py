@@ -41,6 +41,7 @@ from memfit.bench.process import CaseFailed, run_in_own_process
 from memfit.bench.table import Row, markdown_table, pairs_table, summarize
 from memfit.config import from_mapping, to_mapping
 from memfit.monitor.memory import RECORD_PEAK_KEY
+from memfit.monitor.memory_plot import line_plot
 
 # suite -> default optimizer steps per case. memory: every step measured; the others
 # measure every k-th step (``memory_every``) and time the rest.
@@ -261,11 +262,11 @@ def _write_outputs(out: Path, suite: str, model: str, settings: BenchModel,
     measured = [o for o in outcomes if o.records]
     if any(row.peak_bytes for row in rows):
         plots.memory_bars(rows, out / "memory.png")
-        plots.line_plot({o.case.name: {r["step"]: r[RECORD_PEAK_KEY] for r in o.records
-                                       if RECORD_PEAK_KEY in r} for o in measured},
-                        out / "memory_over_steps.png", "Peak memory of each measured step",
-                        "peak memory", bytes_axis=True, markers=True)
+        line_plot({o.case.name: {r["step"]: r[RECORD_PEAK_KEY] for r in o.records
+                                 if RECORD_PEAK_KEY in r} for o in measured},
+                  out / "memory_over_steps.png", "Peak memory of each measured step",
+                  "peak memory", bytes_axis=True, markers=True)
     if measured:
-        plots.line_plot({o.case.name: {r["step"]: r["loss"] for r in o.records}
-                         for o in measured}, out / "loss.png", "Training loss", "loss")
+        line_plot({o.case.name: {r["step"]: r["loss"] for r in o.records}
+                   for o in measured}, out / "loss.png", "Training loss", "loss")
     return markdown

@@ -1,4 +1,5 @@
-"""PNG plots of measured memory: per-step breakdown over a run, and the peak as bars.
+"""PNG plots of measured memory: per-step breakdown over a run, and the peak as bars; and
+lines over optimizer steps (the bench's peaks and losses, ``memfit report``'s loss curves).
 
 Both read what ``StepMemory.to_record()`` writes (``memory_peak_bytes``,
 ``memory_<category>_bytes``, optional ``memory_budget_bytes``); records without
@@ -23,6 +24,8 @@ from memfit.monitor.memory import (
     RECORD_PEAK_KEY,
     record_key,
 )
+
+Series = Mapping[str, Mapping[int, float]]  # label -> step -> value
 
 # One colour per category, the same in every memfit plot.
 CATEGORY_COLORS = {
@@ -126,3 +129,24 @@ def plot_peak_breakdown(
     axes.margins(x=0.2)
     figure.tight_layout()
     return save_png(figure, Path(path))
+
+
+def line_plot(series: Series, path: Path, title: str, ylabel: str, bytes_axis: bool = False,
+              markers: bool = False) -> Path:
+    """One line per label over optimizer steps; ``bytes_axis`` scales to binary units."""
+    largest = max((v for values in series.values() for v in values.values()), default=1)
+    unit, size = byte_unit(largest) if bytes_axis else ("", 1)
+    figure = Figure(figsize=(9, 5))
+    axes = figure.add_subplot()
+    for label, values in series.items():
+        steps = sorted(values)
+        axes.plot(steps, [values[s] / size for s in steps], label=label, linewidth=1.2,
+                  marker="o" if markers or len(steps) == 1 else None, markersize=3)
+    axes.set_xlabel("optimizer step")
+    axes.set_ylabel(f"{ylabel} ({unit})" if unit else ylabel)
+    axes.set_title(title)
+    if bytes_axis:
+        axes.set_ylim(bottom=0)
+    axes.legend(fontsize="x-small", ncol=2)
+    figure.tight_layout()
+    return save_png(figure, path)

@@ -24,7 +24,6 @@ import sys
 import time
 from pathlib import Path
 
-import memfit
 from memfit._utils.atomic import leftovers_of, write_text
 from memfit._utils.errors import ConfigError
 from memfit._utils.folders import RUN_MARKER, creation_problem, enclosing_checkpoint
@@ -36,6 +35,7 @@ from memfit._utils.no_follow import (
     open_no_follow,
     remove_entry,
 )
+from memfit._utils.version import VERSION
 from memfit.checkpoint.folders import checkpoint_folders
 from memfit.checkpoint.state import RUN_RECORDS
 
@@ -189,7 +189,7 @@ def create_run_folder(output_dir: str | None) -> RunFolder:
             _remove_unfinished_start(folder)
         check_layout(folder, RUN_LAYOUT)
         write_text(folder / MARKER_FILE, json.dumps(
-            {"memfit_version": memfit.__version__,
+            {"memfit_version": VERSION,
              "created": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=2))
     except BaseException:
         run.close()

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from matplotlib.image import imread
 
-from memfit.bench.plots import line_plot, memory_bars
+from memfit.bench.plots import memory_bars
 from memfit.bench.table import Row
+from memfit.monitor.memory_plot import line_plot
 
 
 def test_memory_bars_and_line_plot_write_pngs(tmp_path: Path):
