@@ -36,6 +36,7 @@ Parameter groups may set "project": None (default: project params with >= 2 dims
 smaller matrix side exceeds rank), True (project every >= 2-D param, rank clipped to the
 smaller side) or False (plain inner update on the full gradient; scale is not applied).
 1-D params are never projected. State is tensors and ints only.
+Which weights are projected, the shapes and the state's bytes: optim/galore_layout.py.
 bf16 parameters: the update is computed in fp32 and written back with stochastic rounding.
 Updates of parameters over 2**20 values are computed and applied one row chunk at a time
 (memfit.optim.inner.row_chunks): no full-size fp32 update or weight copy is ever alive.
@@ -60,17 +61,23 @@ same order (parameter order), a process holding no rows of a parameter included.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from memfit._utils.errors import ConfigError
+from memfit.optim import galore_layout
 from memfit.optim._base import StatePreservingOptimizer
+from memfit.optim.galore_layout import (
+    RAW_GRADIENT_PROJECTORS,
+    from_oriented,
+    is_tall,
+    oriented_matrix,
+    projected_back_by_rows,
+)
 from memfit.optim.inner import (
     INNER_CHOICES,
-    Rows,
     adam_direction,
     inner_direction,
     inner_directions_by_rows,
@@ -78,10 +85,10 @@ from memfit.optim.inner import (
     rotate_moments,
     row_chunks,
 )
-from memfit.optim.inner import state_bytes as inner_state_bytes
 from memfit.optim.projectors import (
     PROJECTOR_CHOICES,
     align_signs,
+    apollo_scaled_gradient,
     change_of_basis,
     online_pca_gradient,
     random_basis,
@@ -95,13 +102,6 @@ if TYPE_CHECKING:
 
 SUBSPACE_CHANGE_CHOICES: tuple[str, ...] = ("keep", "reset", "reproject")
 DEFAULT_SUBSPACE_CHANGE = "reproject"
-
-# APOLLO's norm-growth limiter: ||update_t|| <= 1.01 ||update_{t-1}||.
-_NORM_GROWTH_LIMIT = 1.01
-
-# Projectors whose P is regenerated from a stored seed and whose update is the raw gradient
-# scaled by how much the inner rule changed R (APOLLO, APOLLO-Mini).
-RAW_GRADIENT_PROJECTORS: tuple[str, ...] = ("random", "apollo_mini")
 
 # What row-sharded parameters support, and why nothing else (ConfigError messages).
 _SHARDED_CHOICES: dict[str, tuple[tuple[str, ...], str]] = {
@@ -146,41 +146,6 @@ def _validate(group: dict[str, Any]) -> None:
     for key in ("lr", "eps", "weight_decay", "scale"):
         if group[key] < 0:
             raise ConfigError(f"GaLore {key}={group[key]!r} must be >= 0")
-
-
-def is_tall(shape: torch.Size) -> bool:
-    """Whether a >= 2-D tensor of `shape`, viewed as rows x rest, has more rows than
-    columns (its g is then the transposed matrix)."""
-    return shape[0] > math.prod(shape[1:])
-
-
-def _matrix(tensor: torch.Tensor, whole_shape: torch.Size) -> torch.Tensor:
-    """fp32 view of a >= 2-D tensor as a matrix oriented as the whole tensor's g (s x l):
-    transposed when the whole tensor is tall. `tensor` is the whole tensor or some rows of
-    it (possibly none; hence the explicit column count)."""
-    matrix = tensor.reshape(tensor.shape[0], math.prod(whole_shape[1:])).float()
-    return matrix.T if is_tall(whole_shape) else matrix
-
-
-def _unmatrix(update: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
-    """Inverse of _matrix for an s x l update: back to param's shape."""
-    rows = param.shape[0]
-    columns = param.numel() // rows
-    return (update.T if rows > columns else update).reshape(param.shape)
-
-
-def _projected_back_by_rows(
-    basis: torch.Tensor, direction: torch.Tensor, param: torch.Tensor, tall: bool
-) -> Iterator[tuple[Rows, torch.Tensor]]:
-    """_unmatrix(P @ direction, param) one row chunk of param at a time (row_chunks), so
-    the full-size fp32 update never exists. A wide param's rows are the rows of the
-    update: chunk = P[rows] @ direction, with P the param's rows of the basis (rows x r)
-    and direction r x l. A tall param's rows are the update's columns (_matrix transposed
-    it): chunk = (P @ direction[:, rows])^T, with P s x r and direction r x (param rows)."""
-    for rows in row_chunks(param.shape):
-        update = (basis @ direction[:, rows]).T if tall else basis[rows] @ direction
-        yield rows, update.reshape(param[rows].shape)
-        del update  # before the next chunk is computed
 
 
 class GaLore(StatePreservingOptimizer):
@@ -269,7 +234,7 @@ class GaLore(StatePreservingOptimizer):
         shard = self._row_shards.get(param)
         if shard is None:
             return g
-        # The param's rows are g's columns when the whole tensor is tall (_matrix).
+        # The param's rows are g's columns when the whole tensor is tall (oriented_matrix).
         return shard.gather(g.T).T if is_tall(shard.full_shape) else shard.gather(g)
 
     def _local_basis(self, param: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -296,65 +261,19 @@ class GaLore(StatePreservingOptimizer):
         # Moments on R (r x l): a tall param's local rows are columns of R.
         return 1 if is_tall(shard.full_shape) else None
 
-    # ----- which parameters are projected, and into what shape -------------------------
+    # ----- which parameters are projected, and into what shape (galore_layout) ---------
 
-    @staticmethod
-    def projection(shape: tuple[int, ...], group: dict[str, Any]) -> tuple[int, int, int] | None:
-        """(s, r, l) of a parameter of ``shape`` in ``group``: g is s x l (s <= l), P s x r
-        and R r x l; None when it gets the plain inner update. The planner calls this too."""
-        if len(shape) < 2:
-            return None
-        rows = shape[0]
-        small, large = sorted((rows, math.prod(shape) // rows))
-        rank = 1 if group["projector"] == "apollo_mini" else group["rank"]
-        if group["project"] is None:
-            return (small, rank, large) if small > rank else None
-        return (small, min(rank, small), large) if group["project"] else None
-
-    @staticmethod
-    def state_bytes(shape: tuple[int, ...], group: dict[str, Any]) -> int:
-        """Bytes of the state kept for a parameter of ``shape`` in ``group`` (what
-        state_dict holds after its first step; ints not counted)."""
-        sides = GaLore.projection(shape, group)
-        if sides is None:
-            return inner_state_bytes(shape, group["inner"])
-        small, rank, large = sides
-        moments = inner_state_bytes((rank, large), group["inner"])
-        if group["projector"] in RAW_GRADIENT_PROJECTORS:
-            return moments + 4  # P is a seed; the limiter's last norm, a 0-d fp32 tensor
-        if group["projector"] == "online":  # P and its own fp32 Adam moments
-            return moments + 3 * 4 * small * rank
-        return moments + 4 * small * rank
-
-    @staticmethod
-    def row_shard_state_bytes(shape: tuple[int, ...], group: dict[str, Any], rows: int) -> int:
-        """Bytes of the state one process keeps for ``rows`` rows of a row-sharded (FSDP2)
-        parameter of whole ``shape``, divided as state_placement says: an unprojected
-        param's moments have its rows' shape; a projected one keeps P (s x r) whole, and its
-        moments on R whole (r x l) when it is wide, r x rows when it is tall (its rows are
-        columns of R). Shards step only projectors that keep P (svd, randomized_svd)."""
-        sides = GaLore.projection(shape, group)
-        if sides is None:
-            return inner_state_bytes((rows, *shape[1:]), group["inner"])
-        small, rank, large = sides
-        moments = inner_state_bytes((rank, rows if is_tall(shape) else large), group["inner"])
-        return moments + 4 * small * rank
+    # Functions of a shape and a group's options, which the planner calls too.
+    projection = staticmethod(galore_layout.projection)
+    state_bytes = staticmethod(galore_layout.state_bytes)
+    row_shard_state_bytes = staticmethod(galore_layout.row_shard_state_bytes)
+    accumulation_shape_of = staticmethod(galore_layout.accumulation_shape_of)
 
     def _rank(self, param: torch.Tensor, group: dict[str, Any]) -> int | None:
         """Effective rank if `param` (the whole tensor, for a row shard) is projected in
         `group`, else None."""
-        sides = GaLore.projection(tuple(self._whole_shape(param)), group)
+        sides = galore_layout.projection(tuple(self._whole_shape(param)), group)
         return None if sides is None else sides[1]
-
-    @staticmethod
-    def accumulation_shape_of(shape: tuple[int, ...], group: dict[str, Any]) -> torch.Size | None:
-        """Shape r x l of the projected gradient if gradients of a parameter of ``shape``
-        can be accumulated in projected form, else None (unprojected, or a projector whose
-        weight update needs the full gradient)."""
-        sides = GaLore.projection(shape, group)
-        if sides is None or group["projector"] in RAW_GRADIENT_PROJECTORS:
-            return None
-        return torch.Size(sides[1:])
 
     def accumulation_shape(self, param: torch.Tensor) -> torch.Size | None:
         """accumulation_shape_of the whole tensor, except that a row-sharded tall param's
@@ -393,7 +312,7 @@ class GaLore(StatePreservingOptimizer):
         elif self._rank(param, group) is None:
             self._full_update(param, group, position)
         else:
-            g = _matrix(param.grad, self._whole_shape(param))
+            g = oriented_matrix(param.grad, self._whole_shape(param))
             projected = self._project(param, group, position, g)
             self._projected_update(param, group, position, projected, g)
 
@@ -407,7 +326,8 @@ class GaLore(StatePreservingOptimizer):
         for a wide param, the param's own columns of R for a tall one.
         """
         group, position = self.locate(param)
-        return self._project(param, group, position, _matrix(grad, self._whole_shape(param)))
+        g = oriented_matrix(grad, self._whole_shape(param))
+        return self._project(param, group, position, g)
 
     @torch.no_grad()
     def step_projected(self, param: torch.Tensor, projected: torch.Tensor) -> None:
@@ -469,14 +389,8 @@ class GaLore(StatePreservingOptimizer):
         # Each shard's rows would otherwise round with the same noise as every other's.
         return seed if shard is None else mix_seed(seed, shard.start)
 
-    def _basis(
-        self,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        rows: int,
-        rank: int,
-        device: torch.device,
-    ) -> torch.Tensor:
+    def _basis(self, state: dict[str, Any], group: dict[str, Any], rows: int, rank: int,
+               device: torch.device) -> torch.Tensor:
         if group["projector"] in RAW_GRADIENT_PROJECTORS:
             generator = make_generator(state["projector_seed"], device)
             return random_basis(rows, rank, generator, device)
@@ -487,8 +401,8 @@ class GaLore(StatePreservingOptimizer):
     ) -> torch.Tensor:
         """Refresh P if this step calls for it (once per step), then return R = P^T g.
 
-        g is `param`'s oriented gradient (_matrix): s x l, or for a row shard s x (local
-        rows) when tall and (local rows) x l when wide.
+        g is `param`'s oriented gradient (oriented_matrix): s x l, or for a row shard
+        s x (local rows) when tall and (local rows) x l when wide.
         """
         state = self.state[param]
         rank = self._rank(param, group)
@@ -503,24 +417,13 @@ class GaLore(StatePreservingOptimizer):
         # Wide shard: R = P^T G sums over G's rows, which the processes divide (r x l).
         return shard.sum_(shard.local(state["projector"]).T @ g)
 
-    def _refresh(
-        self,
-        state: dict[str, Any],
-        group: dict[str, Any],
-        position: int,
-        g: torch.Tensor,
-        rank: int,
-        step: int,
-        moment_shape: torch.Size,
-    ) -> None:
+    def _refresh(self, state: dict[str, Any], group: dict[str, Any], position: int,
+                 g: torch.Tensor, rank: int, step: int, moment_shape: torch.Size) -> None:
         """New P (s x r) from the whole g (s x l); the moments (`moment_shape`: r x l, or
         r x (local rows) for a tall row shard) follow subspace_change."""
         name = group["projector"]
-        old = (
-            self._basis(state, group, g.shape[0], rank, g.device)
-            if "projector_step" in state
-            else None
-        )
+        old = (self._basis(state, group, g.shape[0], rank, g.device)
+               if "projector_step" in state else None)
         if name == "online" and old is not None:
             pca_grad = online_pca_gradient(old, g, group["online_orthogonality"])
             direction = adam_direction(
@@ -547,14 +450,8 @@ class GaLore(StatePreservingOptimizer):
             state["projector"] = new
         state["projector_step"] = step
 
-    def _projected_update(
-        self,
-        param: torch.Tensor,
-        group: dict[str, Any],
-        position: int,
-        projected: torch.Tensor,
-        g: torch.Tensor | None,
-    ) -> None:
+    def _projected_update(self, param: torch.Tensor, group: dict[str, Any], position: int,
+                          projected: torch.Tensor, g: torch.Tensor | None) -> None:
         state = self.state[param]
         step = state.get("step", 0)
         direction = inner_direction(state, projected, group["inner"], group["betas"], group["eps"])
@@ -563,11 +460,11 @@ class GaLore(StatePreservingOptimizer):
                 raise RuntimeError(f"projector={group['projector']!r} updates need the full "
                                    "gradient")
             tensor_wise = group["projector"] == "apollo_mini"
-            update = _unmatrix(self._apollo_update(
+            update = from_oriented(apollo_scaled_gradient(
                 state, g, projected, direction, group["eps"], tensor_wise), param)
             updates = ((rows, update[rows]) for rows in row_chunks(param.shape))
         else:
-            updates = _projected_back_by_rows(
+            updates = projected_back_by_rows(
                 self._local_basis(param, state["projector"]), direction, param,
                 is_tall(self._whole_shape(param)),
             )
@@ -580,28 +477,3 @@ class GaLore(StatePreservingOptimizer):
             self._rounding_seed(param, group, position, step),
         )
 
-    @staticmethod
-    def _apollo_update(
-        state: dict[str, Any],
-        g: torch.Tensor,
-        projected: torch.Tensor,
-        direction: torch.Tensor,
-        eps: float,
-        tensor_wise: bool,
-    ) -> torch.Tensor:
-        """Raw gradient g (s x l) scaled per column by ||direction_j|| / ||R_j|| (APOLLO) or
-        as a whole by ||direction|| / ||R|| (APOLLO-Mini), then limited to grow at most
-        1.01x in norm per step (norm kept as a 0-d tensor: no host sync)."""
-        if tensor_wise:
-            scale = direction.norm() / (projected.norm() + eps)  # 0-d
-        else:
-            scale = direction.norm(dim=0) / (projected.norm(dim=0) + eps)  # (l,)
-        update = g * scale
-        norm = update.norm()
-        if "update_norm" in state:
-            limit = _NORM_GROWTH_LIMIT * state["update_norm"]
-            factor = torch.clamp(limit / norm.clamp_min(torch.finfo(norm.dtype).tiny), max=1.0)
-            update = update * factor
-            norm = norm * factor
-        state["update_norm"] = norm
-        return update

@@ -70,7 +70,8 @@ import torch
 from torch.optim import Optimizer
 
 from memfit._utils.errors import ConfigError
-from memfit.optim.galore import GaLore, is_tall
+from memfit.optim.galore import GaLore
+from memfit.optim.galore_layout import is_tall
 from memfit.optim.row_shards import RowShard, elementwise_placement
 
 REFRESH_CHOICES: tuple[str, ...] = ("micro_batch", "full_gradient")

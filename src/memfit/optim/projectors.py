@@ -2,12 +2,13 @@
 
 Every function works on an *oriented* gradient g of shape s x l with s <= l (the caller
 transposes tall matrices) and returns a basis P of shape s x r; the projected gradient is
-R = P^T g (r x l) and a direction N in that space maps back as P @ N (s x l).
+R = P^T g (r x l) and a direction N in that space maps back as P @ N (s x l); APOLLO's
+projectors (random, apollo_mini) instead scale g itself (apollo_scaled_gradient).
 """
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -18,6 +19,9 @@ PROJECTOR_CHOICES: tuple[str, ...] = ("svd", "randomized_svd", "online", "random
 # columns and two power iterations give near-SVD subspaces for gradient spectra.
 _OVERSAMPLE = 8
 _POWER_ITERATIONS = 2
+
+# APOLLO's norm-growth limiter: ||update_t|| <= 1.01 ||update_{t-1}||.
+_NORM_GROWTH_LIMIT = 1.01
 
 
 def svd_basis(g: torch.Tensor, rank: int) -> torch.Tensor:
@@ -93,3 +97,29 @@ def online_pca_loss(basis: torch.Tensor, g: torch.Tensor, orthogonality: float) 
     eye = torch.eye(basis.shape[1], device=g.device, dtype=g.dtype)
     reconstruction = (basis @ (basis.T @ normalised) - normalised).pow(2).sum()
     return reconstruction + orthogonality * (basis.T @ basis - eye).pow(2).sum()
+
+
+def apollo_scaled_gradient(
+    state: dict[str, Any],
+    g: torch.Tensor,
+    projected: torch.Tensor,
+    direction: torch.Tensor,
+    eps: float,
+    tensor_wise: bool,
+) -> torch.Tensor:
+    """Raw gradient g (s x l) scaled per column by ||direction_j|| / ||R_j|| (APOLLO) or
+    as a whole by ||direction|| / ||R|| (APOLLO-Mini), then limited to grow at most
+    1.01x in norm per step (norm kept as a 0-d tensor: no host sync)."""
+    if tensor_wise:
+        scale = direction.norm() / (projected.norm() + eps)  # 0-d
+    else:
+        scale = direction.norm(dim=0) / (projected.norm(dim=0) + eps)  # (l,)
+    update = g * scale
+    norm = update.norm()
+    if "update_norm" in state:
+        limit = _NORM_GROWTH_LIMIT * state["update_norm"]
+        factor = torch.clamp(limit / norm.clamp_min(torch.finfo(norm.dtype).tiny), max=1.0)
+        update = update * factor
+        norm = norm * factor
+    state["update_norm"] = norm
+    return update

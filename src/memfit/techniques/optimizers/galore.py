@@ -19,7 +19,8 @@ from __future__ import annotations
 from torch import nn
 
 from memfit.config.schema import Config, GaloreInner, GaloreProjector
-from memfit.optim.galore import RAW_GRADIENT_PROJECTORS, GaLore
+from memfit.optim.galore import GaLore
+from memfit.optim.galore_layout import RAW_GRADIENT_PROJECTORS
 from memfit.optim.inner import chunked_update_scratch_bytes
 from memfit.optim.layerwise import LayerwiseOptimizer
 from memfit.techniques.optimizers.adamw import adam_options
