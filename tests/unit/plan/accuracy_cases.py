@@ -231,6 +231,10 @@ STRATEGIES: dict[str, dict] = {
         "memory": {"gradient_checkpointing": True, "activation_offload": True}},
     "chunked-loss": {"optimizer": {"name": "adamw"},
                      "memory": {"chunked_loss": True, "loss_chunk_tokens": 32}},
+    # 2 x 64 tokens through each MLP in chunks of 32.
+    "tiled-mlp": {"optimizer": {"name": "adamw"},
+                  "memory": {"tiled_mlp": True, "mlp_chunk_tokens": 32}},
+    "bf16-pure": {"optimizer": {"name": "adamw"}, "precision": "bf16-pure"},
 }
 
 
@@ -253,6 +257,9 @@ WIDE_ONLY = {"llama-wide": ("qlora", "galore"),
              # rank-8 strategies.
              **{kind: ("lora-r8", "qlora-r8") for kind in HF_DECODERS}}
 RANK_8 = ("lora-r8", "qlora-r8")
+# Techniques measured on the tiny Llama alone: the tiled MLP tiles Llama-style MLP modules,
+# and one architecture shows what casting every weight to bf16 does.
+LLAMA_ONLY = ("tiled-mlp", "bf16-pure")
 ADAPTER_TARGETS = {"conv-autoencoder": ["conv"]}
 
 
@@ -263,6 +270,8 @@ def cases(data: dict[str, Path], folder: Path):
             if (arch, name) in SKIP or (arch in WIDE_ONLY and not name.startswith(WIDE_ONLY[arch])):
                 continue
             if name.startswith(RANK_8) and arch not in HF_DECODERS:
+                continue
+            if name in LLAMA_ONLY and arch != "llama":
                 continue
             if name.startswith(LANGUAGE_MODELS_ONLY) and arch not in ("llama", "gpt2", *WIDE_ONLY):
                 continue

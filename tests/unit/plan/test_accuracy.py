@@ -11,12 +11,14 @@ from accuracy_cases import (
     RANK_8,
     STRATEGIES,
     cases,
+    config_for,
     measure_peak,
     measure_peak_bytes,
     write_data,
 )
 
 from memfit.plan import estimate
+from memfit.techniques import registry
 
 # One strategy per architecture plus the cases with the most structure (checkpointing,
 # accumulation, 8-bit state); benchmarks/plan_accuracy.py runs the whole matrix.
@@ -32,10 +34,11 @@ QUANTIZED = {("llama", "qlora"), ("llama-wide", "qlora"), ("llama-wide", "qlora-
 # Each optimizer's spec against the optimizer: every GaLore projector where its step is
 # the peak (SVDs of 256 x 1024 matrices, APOLLO's full-size scaled gradient), a
 # galore.modules subset on GPT-2's Conv1D layers, layer-wise updates accumulating full
-# gradients on refresh steps, and the chunked-loss technique.
+# gradients on refresh steps, and the chunked-loss, tiled-MLP and pure-bf16 techniques.
 SPECS = {*(("llama-wide", f"galore-{projector}") for projector in PROJECTORS),
          ("gpt2", "galore-mlp-only"), ("llama-wide", "galore-layerwise-full-gradient"),
-         ("gpt2", "adamw-layerwise"), ("llama", "chunked-loss")}
+         ("gpt2", "adamw-layerwise"), ("llama", "chunked-loss"), ("llama", "tiled-mlp"),
+         ("llama", "bf16-pure")}
 # Offload measured on CPU: the copies live in host-tagged storage the tracker keeps apart.
 OFFLOADS = {("llama", "adamw-optimizer-offload"), ("llama", "adamw-activation-offload"),
             ("llama", "lora-checkpointing-activation-offload")}
@@ -126,3 +129,16 @@ def test_decoder_adapter_plans_median_error(decoder_errors):
     errors = [planned / measured - 1 for planned, measured in decoder_errors.values()]
     assert len(errors) == len(DECODER_CASES)
     assert statistics.median(errors) <= 0.05, errors
+
+
+def test_every_registered_technique_has_a_measured_case():
+    """A technique added to techniques/registry.py fails here until a strategy of
+    accuracy_cases.STRATEGIES that turns it on is measured by one of the tests above (its
+    strategy's overrides on the tiny Llama decide whether it is on)."""
+    measured = {name for _, name in CHOSEN | QUANTIZED | SPECS | OFFLOADS | set(DECODER_CASES)}
+    llama = {"model": {"preset": "tiny-llama"},
+             "data": {"path": "corpus.txt", "format": "text", "eval_fraction": 0.0}}
+    configs = [config_for(llama, STRATEGIES[name]) for name in sorted(measured)]
+    missing = [spec.name for spec in registry.TECHNIQUES
+               if not any(spec.enabled(config) for config in configs)]
+    assert not missing, f"no measured plan-accuracy case turns on: {missing}"

@@ -5,6 +5,8 @@ one list build the same model: same modules, same names, same checkpointed block
 from __future__ import annotations
 
 import dataclasses
+import importlib
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from memfit._utils.errors import ConfigError
 from memfit.config.load import from_mapping
 from memfit.config.schema import AdapterConfig, AdapterKind, Config, MemoryConfig, Precision
 from memfit.plan import meta
-from memfit.techniques import checkpointing, registry
+from memfit.techniques import checkpointing, registry, specs
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer
 from memfit.training.build import load_base, prepare_model, seed_everything
 
@@ -43,6 +45,20 @@ def test_every_technique_key_has_a_spec():
 
 def test_every_spec_key_is_a_config_key_or_value():
     assert all_keys() <= technique_keys()
+
+
+def test_every_spec_file_is_registered_once():
+    """techniques/specs/ holds one file per technique, each with its SPEC, and the registry
+    lists each of them once."""
+    folder = Path(specs.__file__).parent
+    files = sorted(path.stem for path in folder.glob("*.py"))
+    files = [name for name in files if name not in ("__init__", "spec")]
+    spec_of = {name: importlib.import_module(f"memfit.techniques.specs.{name}").SPEC
+               for name in files}
+    unlisted = [name for name, spec in spec_of.items() if spec not in registry.TECHNIQUES]
+    assert not unlisted, f"techniques/specs/ files not in registry.TECHNIQUES: {unlisted}"
+    listed = [spec.name for spec in registry.TECHNIQUES]
+    assert sorted(listed) == sorted(spec.name for spec in spec_of.values())
 
 
 def test_names_are_unique_and_stages_known():

@@ -1,0 +1,35 @@
+"""LoRA / DoRA adapters (adapter.kind=lora or qlora): techniques/lora.py."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from memfit.config.schema import AdapterKind, Config, Task
+from memfit.models.classifier import head_names
+from memfit.techniques import lora
+from memfit.techniques.specs.spec import Setting, TechniqueSpec
+
+
+def enabled(config: Config) -> bool:
+    return config.adapter.kind is not AdapterKind.NONE
+
+
+def apply(model: nn.Module, setting: Setting) -> nn.Module:
+    classifies = setting.config.model.task is Task.SEQUENCE_CLASSIFICATION
+    return lora.apply(model, setting.config.adapter,
+                      classifier_head=head_names(model) if classifies else ())
+
+
+def check_applied(model: nn.Module, config: Config) -> list[str]:
+    lora.check_applied(model)
+    return []
+
+
+SPEC = TechniqueSpec(
+    name="adapters",
+    keys=("adapter.kind=lora", "adapter.kind=qlora", "adapter.rank", "adapter.alpha",
+          "adapter.dropout", "adapter.targets", "adapter.restrict_to", "adapter.rslora",
+          "adapter.dora", "adapter.trainable_modules"),
+    stage="model", enabled=enabled,
+    plan="only adapter weights (and adapter.trainable_modules) have grads and state",
+    apply=apply, check_applied=check_applied, plan_apply=apply)

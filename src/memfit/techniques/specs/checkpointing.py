@@ -1,0 +1,28 @@
+"""Activation checkpointing (memory.gradient_checkpointing): techniques/checkpointing.py."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from memfit.config.schema import Config
+from memfit.techniques import checkpointing
+from memfit.techniques.specs.spec import Setting, TechniqueSpec
+
+
+def apply(model: nn.Module, setting: Setting) -> nn.Module:
+    return checkpointing.apply(model, setting.config.memory, setting.is_transformers)
+
+
+def check_applied(model: nn.Module, config: Config) -> list[str]:
+    checkpointing.check_applied(model)
+    return []
+
+
+SPEC = TechniqueSpec(
+    name="activation checkpointing",
+    keys=("memory.gradient_checkpointing", "memory.checkpoint_modules",
+          "memory.checkpoint_every"),
+    stage="model", enabled=lambda config: config.memory.gradient_checkpointing,
+    plan="traced: recomputed blocks keep only their inputs",
+    # Before the adapters: PEFT renames the modules checkpointing looks for.
+    apply=apply, check_applied=check_applied, plan_apply=apply)

@@ -1,0 +1,23 @@
+"""Chunked loss (memory.chunked_loss): the causal-LM loss of techniques/chunked_loss.py,
+which training's objective (techniques/training_loss.py) runs."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from memfit.config.schema import Config
+from memfit.techniques import chunked_loss
+from memfit.techniques.specs.spec import TechniqueSpec
+
+
+def check_applied(model: nn.Module, config: Config) -> list[str]:
+    chunked_loss.check_supported(model)
+    return []
+
+
+SPEC = TechniqueSpec(
+    name="chunked loss",
+    keys=("memory.chunked_loss", "memory.loss_chunk_tokens"),
+    stage="step", enabled=lambda config: config.memory.chunked_loss,
+    plan="techniques.training_loss, traced as training runs it (plan.workload)",
+    check_applied=check_applied)

@@ -1,0 +1,34 @@
+"""Frozen weights stored in the compute dtype (adapter.frozen_in_compute_dtype): with
+adapters under bf16 or fp16 autocast, the frozen Linear weights are kept in that dtype
+(techniques/quantize.py, store_frozen_in)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from memfit.config.schema import AdapterKind, Config, Precision
+from memfit.techniques import quantize
+from memfit.techniques.specs.spec import Setting, TechniqueSpec
+
+
+def frozen_storage_dtype(config: Config) -> torch.dtype | None:
+    """The dtype frozen Linear weights are stored in, or None to leave them."""
+    autocast = config.precision in (Precision.BF16, Precision.FP16)
+    adapters = config.adapter.kind is not AdapterKind.NONE
+    if not adapters or not autocast or not config.adapter.frozen_in_compute_dtype:
+        return None
+    return quantize.compute_dtype(config.precision)
+
+
+def apply(model: nn.Module, setting: Setting) -> nn.Module:
+    quantize.store_frozen_in(model, frozen_storage_dtype(setting.config))
+    return model
+
+
+SPEC = TechniqueSpec(
+    name="frozen weights in the compute dtype",
+    keys=("adapter.frozen_in_compute_dtype",),
+    stage="model", enabled=lambda config: frozen_storage_dtype(config) is not None,
+    plan="the meta model's weights are cast as training's",
+    apply=apply, plan_apply=apply)

@@ -1,0 +1,66 @@
+"""The quantized base of QLoRA (adapter.kind=qlora): techniques/quantize.py in training,
+techniques/quantize_stand_in.py in the planner.
+
+Training quantizes while loading (Hugging Face folders are quantized by transformers as
+they load, so full-precision weights never exist all at once; ``load_quantization``), or
+built models in the load stage; the planner puts its stand-in in after the adapters (PEFT
+wraps plain nn.Linear layers; the stand-in then replaces the frozen layer inside): the same
+modules with the same bytes.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+
+from memfit.config.schema import AdapterKind, Config, Task
+from memfit.models.classifier import HEAD_SUFFIXES
+from memfit.techniques import lora, quantize, quantize_stand_in
+from memfit.techniques.specs.spec import Setting, TechniqueSpec
+
+
+def enabled(config: Config) -> bool:
+    return config.adapter.kind is AdapterKind.QLORA
+
+
+def load_quantization(config: Config):
+    """transformers' BitsAndBytesConfig for a Hugging Face folder loaded with a quantized
+    base, else None. The new head of a sequence classifier and adapter.trainable_modules
+    stay unquantized (they train in full)."""
+    if not (enabled(config) and quantize.quantized_while_loading(config)):
+        return None
+    unquantized = list(config.adapter.trainable_modules)
+    if config.model.task is Task.SEQUENCE_CLASSIFICATION:
+        unquantized += HEAD_SUFFIXES
+    return quantize.bnb_config(config.adapter, config.precision, unquantized)
+
+
+def apply(model: nn.Module, setting: Setting) -> nn.Module:
+    """Built models are quantized here, all but the output layer and
+    adapter.trainable_modules; folders were while loading (``load_quantization``)."""
+    config = setting.config
+    if not quantize.quantized_while_loading(config):
+        keep = lora.output_layer_names(model) | set(
+            lora.resolve_trainable_modules(model, config.adapter.trainable_modules))
+        quantize.quantize_linears(model, config.adapter, config.precision, keep)
+    quantize.keep_training_layout(model)
+    return model
+
+
+def check_applied(model: nn.Module, config: Config) -> list[str]:
+    return quantize.check_applied(model)
+
+
+def plan_apply(model: nn.Module, setting: Setting) -> nn.Module:
+    config = setting.config
+    quantize_stand_in.stand_in_for_frozen_linears(
+        model, config, setting.output_layer,
+        quantize_stand_in.quantized_path(config, setting.device))
+    return model
+
+
+SPEC = TechniqueSpec(
+    name="quantized base",
+    keys=("adapter.kind=qlora", "adapter.quantization", "adapter.double_quant"),
+    stage="load", enabled=enabled,
+    plan="techniques.quantize_stand_in: QuantizedLinear's bytes and matmul memory",
+    apply=apply, check_applied=check_applied, plan_apply=plan_apply)

@@ -1,0 +1,64 @@
+"""What memfit knows about one memory technique, in one place: ``TechniqueSpec``.
+
+Training applies it (training/build.py, stage by stage, through techniques/registry.py) and
+checks that it applied; the planner builds the meta model with it (plan/meta.py) or counts
+it where ``plan`` says; the registry's tests check that every technique key of the config
+has a spec. One file per technique in this package holds its spec.
+
+Every callable of a spec is a function of the config, ``(config)``, of a model and the
+config, ``(model, config)``, or of what it changes and the setting it changes it in,
+``(subject, setting)``, as an optimizer spec's are of ``(config)``, ``(model, config)``
+and ``(params, config)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from torch import nn
+
+from memfit.config.schema import Config
+
+Stage = Literal["load", "model", "device", "optimizer", "step"]
+STAGES: tuple[Stage, ...] = ("load", "model", "device", "optimizer", "step")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What applying a technique needs beside the config."""
+
+    config: Config
+    is_transformers: bool
+    device: str  # "cuda" or "cpu": the device trained on, or planned for
+    # The loaded model's output layer, found before checkpointing and adapters wrap it.
+    output_layer: nn.Module | None
+
+
+def setting(model: nn.Module, config: Config, is_transformers: bool, device: str) -> Setting:
+    get_head = getattr(model, "get_output_embeddings", None)
+    return Setting(config, is_transformers, device, get_head() if callable(get_head) else None)
+
+
+# (subject, setting) -> subject: the nn.Module in the load, model and device stages, the
+# torch.optim.Optimizer in the optimizer stage.
+Apply = Callable[[Any, Setting], Any]
+
+
+def nothing_to_check(model: nn.Module, config: Config) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class TechniqueSpec:
+    name: str
+    keys: tuple[str, ...]  # config keys ("memory.chunked_loss") or values ("precision=fp16")
+    stage: Stage
+    enabled: Callable[[Config], bool]
+    plan: str  # the planner's view, where plan_apply does not say it all
+    apply: Apply | None = None  # None: the stage's code runs it (training.loop, objective)
+    # "Did it apply?" on the trained model: its warnings; raises ConfigError when it did not.
+    check_applied: Callable[[nn.Module, Config], list[str]] = nothing_to_check
+    # The planner's view on the meta model, where the planner applies it too.
+    plan_apply: Callable[[nn.Module, Setting], nn.Module] | None = None

@@ -1,0 +1,27 @@
+"""Tiled MLP (memory.tiled_mlp): techniques/tiled_mlp.py."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from memfit.config.schema import Config
+from memfit.techniques import tiled_mlp
+from memfit.techniques.specs.spec import Setting, TechniqueSpec
+
+
+def apply(model: nn.Module, setting: Setting) -> nn.Module:
+    return tiled_mlp.apply(model, setting.config.memory.mlp_chunk_tokens)
+
+
+def check_applied(model: nn.Module, config: Config) -> list[str]:
+    tiled_mlp.check_applied(model)
+    return []
+
+
+SPEC = TechniqueSpec(
+    name="tiled MLP",
+    keys=("memory.tiled_mlp", "memory.mlp_chunk_tokens"),
+    stage="model", enabled=lambda config: config.memory.tiled_mlp,
+    plan="traced: the MLPs run chunk by chunk on the fake tensors, as in training",
+    # Before the adapters; the trainable parameters are looked up at each call.
+    apply=apply, check_applied=check_applied, plan_apply=apply)
