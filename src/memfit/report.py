@@ -223,7 +223,9 @@ def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str) ->
     parts = [_table(["category", f"plan (device={plan_device})", "measured"], rows),
              _note(f"plan error (plan - measured) / measured: {error}. Measured: the step "
                    "with the highest peak (CPU: exact live tensor bytes; CUDA: allocator "
-                   f"peak, activations = the rest).{overhead}")]
+                   f"peak, activations = the rest).{overhead}"),
+             _note(f"The plan peaks at the {estimate.peak_moment.name}: "
+                   f"{estimate.peak_moment.why}.")]
     if config.memory.budget:
         parts.append(f"<details><summary>every strategy against memory.budget="
                      f"{html.escape(str(config.memory.budget))}</summary>"

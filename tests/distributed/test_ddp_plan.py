@@ -52,12 +52,15 @@ CASES.update({f"fsdp-{name}": {**sections, **_FSDP} for name, sections in [
 # count: the plan is 1 KiB below the measurement (2 KiB of maps, 1 KiB of temporaries
 # above) in one process and in each of two.
 BELOW_MEASURED = {"adamw8bit": "the adamw8bit spec omits bitsandbytes' 2 KiB of qmaps"}
-# Layer-wise updates under FSDP2 are planned in backward at the moment of the most
-# activations (the trace's first gradient) with a block's whole gradients and reduce-scatter
-# copy beside them; on this 2-layer model, whose peak is its forward's activations, that
-# bound is 17% (adamw) and 20% (GaLore) above the measurement. On the 69M Llama of
-# benchmarks/distributed.py it is 4-5% above (docs/planner.md).
-ABOVE_15_PERCENT = {name: "layer-wise under fsdp: the in-backward bound on a 2-layer model"
+# Layer-wise updates under FSDP2 peak, as planned, at the "layer-wise update in backward"
+# moment: the backward moment of the most activations (the trace's first gradient) with the
+# largest (a root weight's) and a block's whole gradients, the reduce-scatter copy and the
+# gathered units all beside it, though they are never alive at once; on this 2-layer model,
+# whose measured peak is its forward's activations, that bound is 17% (adamw) and 20%
+# (GaLore) above the measurement. On the 69M Llama of benchmarks/distributed.py it is 4-5%
+# above (docs/planner.md).
+ABOVE_15_PERCENT = {name: "layer-wise under fsdp: the 'layer-wise update in backward' moment "
+                          "stacks worst cases on a 2-layer model"
                     for name in ("fsdp-layerwise-adamw", "fsdp-layerwise-galore")}
 
 

@@ -4,6 +4,7 @@ embedded PNGs that decode, with no reference to anything outside the file."""
 from __future__ import annotations
 
 import base64
+import html
 import io
 import shutil
 import subprocess
@@ -15,7 +16,10 @@ from cli_helpers import run_cli, tiny_run_arguments
 from matplotlib.image import imread
 
 from memfit._utils.errors import ConfigError
+from memfit.plan import estimate
+from memfit.plan.planner import load_plan_config
 from memfit.report import write_report
+from memfit.training.fit import example_batch
 
 PNG_PREFIX = "data:image/png;base64,"
 
@@ -74,6 +78,11 @@ def test_report_is_one_self_contained_page(run_dir: Path, tmp_path: Path):
     assert "http://" not in text and "https://" not in text
     assert "plan (device=cpu)" in text and "optimizer:" in text  # plan table, config
     assert "host (offloaded)" in text  # the plan's host bytes beside the tracker's host pool
+    # ... and the moment of the step that sets the plan's peak, as memfit plan names it.
+    config = load_plan_config(run_dir / "config.yaml", [])
+    planned = estimate(config, "cpu", example_batch(config))
+    assert html.escape(f"The plan peaks at the {planned.peak_moment.name}: "
+                       f"{planned.peak_moment.why}.") in text
     assert not list(out.parent.glob(".*.tmp"))  # written atomically
 
 

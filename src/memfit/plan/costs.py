@@ -7,12 +7,11 @@ the meta model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from torch import nn
 
 from memfit.config.schema import Config
 from memfit.distributed.ddp import embedding_weights
+from memfit.techniques.moments import OptimizerCost
 from memfit.techniques.optimizers import Param, spec_for
 from memfit.techniques.optimizers.groups import split_parameters
 
@@ -21,14 +20,6 @@ from memfit.techniques.optimizers.groups import split_parameters
 # of peak tensor bytes.
 CUDA_CONTEXT_BYTES = 512 * 2**20
 ALLOCATOR_SLACK = 0.05
-
-
-@dataclass(frozen=True)
-class OptimizerCost:
-    state_bytes: int  # persistent optimizer state
-    step_scratch_bytes: int  # extra bytes alive at the worst moment of optimizer.step()
-    per_param_scratch_bytes: int  # the same for one parameter at a time (layer-wise step)
-    accumulation_buffer_bytes: int  # layer-wise with accumulation: where grads accumulate
 
 
 def trainable_params(model: nn.Module, config: Config) -> list[Param]:

@@ -9,25 +9,15 @@
     temporaries  everything else alive at the peak: in-flight forward values, gradients of
                  activations, optimizer-step scratch
 
-The training step has three candidate peaks, and the estimate is the largest:
-1. the first micro-batch's forward + backward (traced; grads appear as backward runs);
-2. a later micro-batch when accumulating: every grad already exists, plus the one being
-   added (``peak_without_grads`` of the trace + all grads + the largest grad);
-3. ``optimizer.step()``: weights + grads + state + the step's scratch.
-Layer-wise updates (optimizer.layerwise) replace 1-3 by: the trace without grads + the one
-grad being consumed + one parameter's step scratch + accumulation buffers (under fsdp: in
-backward, beside the gradients still whole; and the forward peak, with no grad).
-
-As ``distributed.nproc`` processes (``--devices N`` when planning), bytes are per device,
-as per_device.py says for each ``distributed.strategy``: ddp keeps one process's weights
-and state, and DDP's gradient buckets alive for the whole step (the first micro-batch
-peaks at the smaller of: its trace + the buckets, and the trace without grads + every
-grad + the one being copied in; later micro-batches accumulate into the buckets; at
-the second step's forward DDP rebuilds them, the old ones alive beside the new);
-layer-wise ddp adds the gradient whose all-reduce is in flight; fsdp
-divides weights, grads and state by N and adds its all-gather working set (with
-memory.optimizer_offload, FSDP2's CPUOffloadPolicy, the shards, their grads and state are
-host bytes instead, and the device keeps the gathered units and the whole gradients).
+The peak is the largest of the step's named moments (plan/moments.py: the traced
+micro-batch's, the optimizer spec's and the distribution strategy spec's, each with what
+is alive then and why), made of one ``StepBytes``; the estimate names the moment that sets
+it. As ``distributed.nproc`` processes (``--devices N`` when planning), bytes are per
+device, as per_device.py says for each ``distributed.strategy``: ddp keeps one process's
+weights and state and DDP's gradient buckets; fsdp divides weights, grads and state by N
+and adds its all-gather working set (with memory.optimizer_offload, FSDP2's
+CPUOffloadPolicy, the shards, their grads and state are host bytes instead, and the
+device keeps the gathered units and the whole gradients).
 
 Hugging Face models deeper than ``EXACT_DEPTH`` are built (on meta) and traced with 2 and 3
 layers, and every quantity — weights, the trainable parameters, the traced bytes — is
@@ -37,7 +27,7 @@ extrapolated linearly in depth (the blocks repeat), so a 70B model is planned in
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -45,9 +35,10 @@ from torch import nn
 
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import AdapterKind, Config
-from memfit.plan import costs, meta, per_device
+from memfit.plan import costs, meta, moments, per_device
 from memfit.plan.trace import TraceResult, trace_micro_batch
 from memfit.plan.workload import ExampleBatch, workload
+from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.precision import AUTOCAST_DTYPES
 from memfit.techniques.quantize_stand_in import QuantizedLinear, quantized_path
 
@@ -56,8 +47,9 @@ EXACT_DEPTH = 4
 
 @dataclass(frozen=True)
 class Estimate:
-    """Bytes of one configuration; ``bytes`` is split at the peak and sums to it.
-    ``to_json`` is the "E" of the documented --json schema, exactly."""
+    """Bytes of one configuration; ``bytes`` is split at the peak and sums to it, and
+    ``peak_moment`` is the moment of the step that sets it. ``to_json`` is the "E" of the
+    documented --json schema, exactly."""
 
     bytes: dict[str, int]
     peak_tensor_bytes: int
@@ -65,7 +57,7 @@ class Estimate:
     host_bytes: int
     micro_batch_size: int
     gradient_accumulation_steps: int
-    notes: tuple[str, ...] = field(default=())
+    peak_moment: Moment
 
     @property
     def device_bytes(self) -> int:
@@ -74,7 +66,8 @@ class Estimate:
     def to_json(self) -> dict[str, Any]:
         return {"bytes": dict(self.bytes), "peak_tensor_bytes": self.peak_tensor_bytes,
                 "device_overhead_bytes": self.device_overhead_bytes,
-                "host_bytes": self.host_bytes}
+                "host_bytes": self.host_bytes,
+                "peak_moment": {"name": self.peak_moment.name, "why": self.peak_moment.why}}
 
 
 @dataclass(frozen=True)
@@ -101,9 +94,6 @@ def estimate(config: Config, device: str = "cuda",
         raise ConfigError("the model has no trainable parameters (check adapter.*)")
     optimizer = costs.optimizer_cost(params, config)
     devices = per_device.sharded_over(config)
-    shard = lambda nbytes: -(-nbytes // devices)  # noqa: E731 - bytes on one device
-    grad_shards = shard(costs.grad_bytes(params))
-    largest = costs.largest_trainable_bytes(params)
     # In host memory on a CPU device too: training copies it there (optimizer_offload.py)
     # and the tracker counts it in its host pool, not on the device.
     offload = config.memory.optimizer_offload
@@ -112,65 +102,21 @@ def estimate(config: Config, device: str = "cuda",
     # their grads and the state live on the host; a gradient is on the device while whole,
     # before its unit's reduce-scatter.
     host_shards = per_device.shards_on_host(config)
-    grads = 0 if host_shards else grad_shards
-    with_grads, without = trace.peak, trace.peak_without_grads
-    before_backward = in_backward = without  # one device: the same upper bound
-    # One FSDP2 process gathers its units too: with the shards on the host, the gathered
-    # weights are all the device holds of them.
-    if devices > 1 or host_shards:
-        with_grads, before_backward, in_backward = per_device.fsdp_in_backward(
-            trace, devices, sizing.units, grad_shards_on_host=host_shards)
-        without = max(before_backward, in_backward,
-                      key=lambda split: sum(split.values()) - split["grads"])
-    buckets = per_device.ddp_bucket_bytes(params, config)
-    accumulating = config.train.gradient_accumulation_steps > 1
-    # Every grad alive (DDP's are its buckets), plus the one being added to them.
-    later_micro_batch = {"grads": grads,
-                         "activations": without["activations"],
-                         "temporaries": without["temporaries"] + largest}
-    if config.optimizer.layerwise:
-        # The grad its hook consumes; under FSDP2 the largest (a root weight's, reduced
-        # last) stays whole, and so do the running block's.
-        consumed = largest + (sizing.units.block_trainable if devices > 1 else 0)
-        candidates = [
-            {"grads": consumed + per_device.in_flight_reduction_bytes(params, config),
-             "activations": in_backward["activations"],
-             "temporaries": in_backward["temporaries"] + optimizer.per_param_scratch_bytes
-             + optimizer.accumulation_buffer_bytes},
-            {"grads": 0, "activations": before_backward["activations"],
-             "temporaries": before_backward["temporaries"]
-             + optimizer.accumulation_buffer_bytes}]
-    else:
-        first_micro_batch = {"grads": with_grads["grads"],
-                             "activations": with_grads["activations"],
-                             "temporaries": with_grads["temporaries"]}
-        if buckets:
-            # Two upper bounds of the same moments, the smaller kept: the traced peak with
-            # every bucket added (the grads the trace already holds counted twice), or the
-            # later micro-batch's (grads DDP does not reduce counted as if all were alive).
-            with_buckets = {**first_micro_batch, "grads": first_micro_batch["grads"] + buckets}
-            first_micro_batch = min(with_buckets, later_micro_batch,
-                                    key=lambda c: sum(c.values()))
-        inputs = _inputs_in_step(config, sizing, device)
-        candidates = [first_micro_batch,
-                      {"grads": grads, "activations": inputs,
-                       "temporaries": 0 if offload else shard(optimizer.step_scratch_bytes)}]
-        if devices > 1 or host_shards:  # FSDP2 divides the grads: the peak can be without them
-            candidates.append({"grads": 0, "activations": without["activations"],
-                               "temporaries": without["temporaries"]})
-        if buckets:
-            # DDP rebuilds its buckets once, in the order the first backward filled them,
-            # at the start of the second step's forward: new ones beside the old.
-            candidates.append({"grads": 2 * buckets, "activations": inputs,
-                               "temporaries": 0})
-        if accumulating:
-            candidates.append(later_micro_batch)
-    peak = max(candidates, key=lambda c: sum(c.values()))
+    first_micro_batch, forward, backward = per_device.traced_on_one_device(
+        trace, config, sizing.units)
+    step = StepBytes(
+        first_micro_batch, forward, backward,
+        grads=0 if host_shards else -(-costs.grad_bytes(params) // devices),
+        largest_grad=costs.largest_trainable_bytes(params),
+        inputs=_inputs_in_step(config, sizing, device), optimizer=optimizer, devices=devices,
+        gathered=per_device.gathers(config), buckets=per_device.ddp_bucket_bytes(params, config),
+        beside_hook=per_device.beside_hook_bytes(params, config, sizing.units))
+    peak = moments.peak(moments.step_moments(step, config))
     weights = per_device.sharded_weights(config, sizing.weight_bytes)
     if host_shards:  # what FSDP2 does not shard stays: buffers
         weights = sizing.weight_bytes - sizing.sharded_bytes
-    split = {"weights": weights, "grads": peak["grads"], "optimizer": state,
-             "activations": peak["activations"], "temporaries": peak["temporaries"]}
+    split = {"weights": weights, "grads": peak.bytes["grads"], "optimizer": state,
+             "activations": peak.bytes["activations"], "temporaries": peak.bytes["temporaries"]}
     total = sum(split.values())
     host = trace.host_peak_bytes
     if host_shards:  # process 0's (the largest) shards of every weight (a quantized base's
@@ -187,7 +133,8 @@ def estimate(config: Config, device: str = "cuda",
         host += (optimizer.state_bytes + 2 * 4 * sum(p.numel for p in params)
                  + optimizer.step_scratch_bytes)
     return Estimate(split, total, costs.device_overhead_bytes(total, device), host,
-                    config.train.micro_batch_size, config.train.gradient_accumulation_steps)
+                    config.train.micro_batch_size, config.train.gradient_accumulation_steps,
+                    peak)
 
 
 def _inputs_in_step(config: Config, sizing: _Sizing, device: str) -> int:

@@ -1,5 +1,6 @@
 """What one device holds when training runs as ``distributed.nproc`` processes, by
-``distributed.strategy`` (itemize.py adds it into the estimate's candidate peaks).
+``distributed.strategy`` (itemize.py makes the step's ``StepBytes`` of it, and the
+strategy's spec names the moments it adds: techniques/distribution_moments.py).
 
 none  one process: nothing to add.
 ddp   every rank holds the whole model and the whole optimizer state, as one process.
@@ -8,11 +9,9 @@ ddp   every rank holds the whole model and the whole optimizer state, as one pro
       for the whole step, the first micro-batch's forward included, and memfit zeroes
       them in place between steps (``Replicas.zero_grad``), so every micro-batch
       accumulates into them (on the very first step, before DDP has made them views,
-      each fresh gradient lives until it is copied into its bucket). DDP rebuilds the
-      buckets once, in the order the first backward filled them, at the start of the
-      second step's forward, allocating the new ones before freeing the old: for that
-      moment the buckets exist twice. GaLore weights projected in
-      backward are not DDP's (memfit all-reduces their r x n projection): as one process.
+      each fresh gradient lives until it is copied into its bucket); at one moment they
+      exist twice (DDP's rebuild). GaLore weights projected in backward are not DDP's
+      (memfit all-reduces their r x n projection): as one process.
       Layer-wise updates do without DDP: each gradient is all-reduced from its hook while
       the next one is computed, so one more full-size gradient is alive than in one process.
 fsdp  weights (a QLoRA base's codes and scales too), gradients and optimizer state divided
@@ -35,9 +34,8 @@ from memfit.config.schema import Config, DistributedStrategy
 from memfit.optim.row_shards import RowShard
 from memfit.plan.trace import TraceResult
 from memfit.techniques.distribution import strategy_for
+from memfit.techniques.moments import Split
 from memfit.techniques.optimizers import Param, projects_in_backward, spec_for
-
-Split = dict[str, int]  # bytes by category at one moment
 
 
 @dataclass(frozen=True)
@@ -69,6 +67,24 @@ def shards_on_host(config: Config) -> bool:
     CPU device too, where distributed/host_offload.py tags them as host for the tracker)."""
     return (config.distributed.strategy is DistributedStrategy.FSDP
             and config.memory.optimizer_offload)
+
+
+def gathers(config: Config) -> bool:
+    """Whether the device's forward and backward are FSDP2's: units gathered, gradients
+    divided over several processes or moved to the host."""
+    return sharded_over(config) > 1 or shards_on_host(config)
+
+
+def traced_on_one_device(trace: TraceResult, config: Config, units: Units
+                         ) -> tuple[Split, Split, Split]:
+    """The traced micro-batch as one device holds it: (its most live bytes with the grads,
+    the most bytes besides grads before backward, ... in backward). Without FSDP2 the
+    last two are the trace's one moment with the most bytes besides grads (on one device
+    the same upper bound)."""
+    if gathers(config):
+        return fsdp_in_backward(trace, sharded_over(config), units,
+                                grad_shards_on_host=shards_on_host(config))
+    return trace.peak, trace.peak_without_grads, trace.peak_without_grads
 
 
 def state_bytes(params: list[Param], config: Config, whole_state: int) -> int:
@@ -163,6 +179,14 @@ def in_flight_reduction_bytes(params: list[Param], config: Config) -> int:
         return 0
     sizes = sorted(p.nbytes for p in params)
     return sizes[-2] if len(sizes) > 1 else 0
+
+
+def beside_hook_bytes(params: list[Param], config: Config, units: Units) -> int:
+    """Layer-wise updates: gradients alive whole beside the one a hook consumes (the
+    largest: under fsdp a root weight's, whole until the root reduces last): under fsdp
+    the running block's, under ddp the one whose all-reduce is in flight."""
+    running_block = units.block_trainable if sharded_over(config) > 1 else 0
+    return running_block + in_flight_reduction_bytes(params, config)
 
 
 def rank_zero_rows(params: list[Param], devices: int) -> list[Param]:

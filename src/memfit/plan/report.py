@@ -39,23 +39,27 @@ def format_plan(result: Plan, config: Config) -> str:
     lines = [f"memfit plan: {model}, micro-batch {_micro_batch(config)}, "
              f"{config.train.gradient_accumulation_steps} accumulation steps, budget "
              f"{format_bytes(result.budget_bytes)} ({result.device}){devices}", ""]
-    header = ["strategy", *_COLUMNS, "fits"]
+    header = ["strategy", *_COLUMNS, "fits", "peak at"]
     given = ("config (as given)" if result.devices == 1
              else f"config (as given, {result.config_distributed})")
     rows = [[given, *_cells(result.config),
-             "yes" if result.config.device_bytes <= result.budget_bytes else "no"]]
+             "yes" if result.config.device_bytes <= result.budget_bytes else "no",
+             result.config.peak_moment.name]]
     for strategy in result.strategies:
         mark = "yes" if strategy.fits else "no"
         if strategy.name == result.recommended:
             size = result.recommended_overrides["train.micro_batch_size"]
             mark = ("yes" if strategy.fits else f"at micro-batch {size}") + " <- recommended"
-        rows.append([strategy.name, *_cells(strategy.estimate), mark])
+        rows.append([strategy.name, *_cells(strategy.estimate), mark,
+                     strategy.estimate.peak_moment.name])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        cells = [cell.ljust(width) if i in (0, len(row) - 1) else cell.rjust(width)
+        cells = [cell.ljust(width) if i in (0, len(row) - 2, len(row) - 1) else cell.rjust(width)
                  for i, (cell, width) in enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
     lines.append("")
+    moment = result.config.peak_moment
+    lines.append(f"{given} peaks at the {moment.name}: {moment.why}")
     for why, names in _by_reason(result.skipped).items():
         lines.append(f"not planned: {', '.join(names)}: {why}")
     recommended = result.recommended or "none"
@@ -64,7 +68,8 @@ def format_plan(result: Plan, config: Config) -> str:
         lines.append("apply with:  " + " ".join(
             f"{key}={_value(value)}" for key, value in result.recommended_overrides.items()))
     lines.append("peak = live tensor bytes (weights..temporaries at the peak); +overhead adds "
-                 "the CUDA context and allocator slack; host = offloaded bytes")
+                 "the CUDA context and allocator slack; host = offloaded bytes; peak at = the "
+                 "moment of the step that sets the peak")
     return "\n".join(lines)
 
 
@@ -84,7 +89,8 @@ def format_longest(result: LongestFit, config: Config) -> str:
              f"longest data.max_length that fits: {result.max_length} tokens{limit} with "
              f"{result.strategy} (needs {format_bytes(needs.device_bytes)}: {parts}, overhead "
              f"{format_bytes(needs.device_overhead_bytes)}; host "
-             f"{format_bytes(needs.host_bytes)}); {result.plans} configurations planned",
+             f"{format_bytes(needs.host_bytes)}; peak at the {needs.peak_moment.name}); "
+             f"{result.plans} configurations planned",
              "apply with:  " + " ".join(f"{key}={_value(value)}"
                                         for key, value in result.overrides.items())]
     return "\n".join(lines)

@@ -23,6 +23,8 @@ from memfit.config.schema import Config, DistributedStrategy, Precision
 from memfit.distributed import fsdp
 from memfit.distributed.ddp import Replicas
 from memfit.techniques import checkpointing, quantized_shards, registry
+from memfit.techniques.distribution_moments import ddp_moments, fsdp_moments, no_moments
+from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.optimizers.build import projects_in_backward
 from memfit.techniques.optimizers.registry import spec_for
 
@@ -41,6 +43,8 @@ class StrategySpec:
     divides_training_state: bool
     # Why it cannot train a config (None: it can), named by the keys to change.
     refusal: Callable[[Config], str | None]
+    # The peak moments it adds to a training step (distribution_moments.py).
+    moments: Callable[[StepBytes, Config], list[Moment]] = no_moments
 
 
 def _trains_everything(config: Config) -> None:
@@ -89,10 +93,10 @@ STRATEGIES = {
                                            refusal=_trains_everything),
     DistributedStrategy.DDP: StrategySpec(DistributedStrategy.DDP, _whole, _replicas,
                                           divides_training_state=False,
-                                          refusal=_trains_everything),
+                                          refusal=_trains_everything, moments=ddp_moments),
     DistributedStrategy.FSDP: StrategySpec(DistributedStrategy.FSDP, _sharded, _no_replicas,
                                            divides_training_state=True,
-                                           refusal=_fsdp_refusal),
+                                           refusal=_fsdp_refusal, moments=fsdp_moments),
 }
 
 

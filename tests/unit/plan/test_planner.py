@@ -56,8 +56,12 @@ def test_json_schema_is_the_documented_one_and_the_table_marks_the_choice():
     result = planned.to_json()
     assert set(result) == {"devices", "config", "strategies", "skipped", "recommended",
                            "reason"}
-    estimate_keys = {"bytes", "peak_tensor_bytes", "device_overhead_bytes", "host_bytes"}
+    estimate_keys = {"bytes", "peak_tensor_bytes", "device_overhead_bytes", "host_bytes",
+                     "peak_moment"}
     assert set(result["config"]) == estimate_keys | {"distributed"}
+    assert result["config"]["peak_moment"] == {"name": planned.config.peak_moment.name,
+                                               "why": planned.config.peak_moment.why}
+    assert f"peaks at the {planned.config.peak_moment.name}: " in format_plan(planned, config)
     assert set(result["config"]["bytes"]) == {"weights", "grads", "optimizer", "activations",
                                               "temporaries"}
     for row in result["strategies"]:

@@ -16,6 +16,8 @@ from torch import nn
 from torch.optim import Optimizer
 
 from memfit.config.schema import Config
+from memfit.techniques.moments import Moment, StepBytes
+from memfit.techniques.optimizers.step_moments import step_moments
 
 # A function building the optimizer over parameter groups (build.parameter_groups).
 Factory = Callable[[list[dict]], Optimizer]
@@ -97,6 +99,9 @@ class OptimizerSpec:
     fsdp_refusal: Callable[[Config], str | None] = trains_under_fsdp
     # The OOM ladder's rung: overrides making it cheaper, or None.
     cheaper: Callable[[Config], dict | None] = never_cheaper
+    # Its peak moments in a training step (the planner takes the largest of every
+    # contributor's): the optimizer step, or layer-wise updates inside backward.
+    moments: Callable[[StepBytes, Config], list[Moment]] = step_moments
 
 
 def per_param(cost: Callable[[Param, Config], ParamCost]

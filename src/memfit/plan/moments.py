@@ -1,0 +1,44 @@
+"""The candidate peaks of a training step as named moments (memfit.techniques.moments),
+collected from their three contributors, and the one that sets the peak:
+
+- the traced micro-batch (here): the first micro-batch's forward and backward, and, when
+  accumulating, a later micro-batch (every grad already alive, plus the one being added);
+- the optimizer's spec (``OptimizerSpec.moments``): its step, or layer-wise updates inside
+  backward, which replace the trace's moments (no moment holds every grad);
+- the distribution strategy's spec (``StrategySpec.moments``): DDP's buckets and their
+  rebuild, FSDP2's moments without grads.
+"""
+
+from __future__ import annotations
+
+from memfit.config.schema import Config
+from memfit.techniques.distribution import strategy_for
+from memfit.techniques.moments import Moment, StepBytes, of_split
+from memfit.techniques.optimizers import spec_for
+
+
+def trace_moments(step: StepBytes, config: Config) -> list[Moment]:
+    if config.optimizer.layerwise:  # each grad is consumed as it appears: the optimizer's
+        return []
+    first = step.first_micro_batch
+    gathered = (", FSDP2's gathered units and a block's whole gradients beside it"
+                if step.gathered else "")
+    moments = [of_split(f"first micro-batch's {'backward' if first['grads'] else 'forward'}",
+                        f"the traced micro-batch at its most live bytes{gathered}", first)]
+    if config.train.gradient_accumulation_steps > 1:
+        moments.append(of_split("later micro-batch",
+                                "accumulating: every grad of the earlier micro-batches and the "
+                                "one being added, beside the trace's most bytes besides grads",
+                                step.later_micro_batch))
+    return moments
+
+
+def step_moments(step: StepBytes, config: Config) -> list[Moment]:
+    """Every contributor's moments, the trace's first."""
+    return [*trace_moments(step, config), *spec_for(config).moments(step, config),
+            *strategy_for(config).moments(step, config)]
+
+
+def peak(moments: list[Moment]) -> Moment:
+    """The moment with the most bytes (of equal ones, the first named)."""
+    return max(moments, key=lambda moment: moment.total)
