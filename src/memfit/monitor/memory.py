@@ -37,16 +37,18 @@ A step may wrap evaluation under ``torch.inference_mode`` or an in-place
 are measured (``measures``), because the CPU tracker costs ~10 us per aten op: with
 ``"auto"`` (``log.memory_every``'s default) a CPU run without a budget measures steps 1
 and 2 -- step 1 allocates the optimizer state, step 2 holds it through forward and
-backward, the steady state -- and then every ``AUTO_EVERY``-th step, which keeps the
-tracker's cost to a few percent of a run; CUDA's counters cost nothing and a CPU budget is
-enforced by the tracker, so those measure every step.
+backward, the steady state -- then every step whose batches are larger than those of
+every step measured before (padded rows: a longer batch is a higher peak), and every
+``AUTO_EVERY``-th step, which keeps the tracker's cost to a few percent of a run; CUDA's
+counters cost nothing and a CPU budget is enforced by the tracker, so those measure every
+step.
 """
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -120,8 +122,8 @@ def record_key(category: str) -> str:
 
 
 # every_n_steps="auto" (log.memory_every=auto) on a CPU without a budget: the first steps,
-# where the peak is set (1: optimizer state allocated; 2: the steady state holding it), then
-# one step in AUTO_EVERY, so that a run's later steps (longer batches...) are sampled too.
+# where the peak is set (1: optimizer state allocated; 2: the steady state holding it), a
+# step with larger batches than any measured, and one step in AUTO_EVERY.
 AUTO = "auto"
 AUTO_FIRST_STEPS = 2
 AUTO_EVERY = 100
@@ -141,6 +143,7 @@ class MemoryMeter(ABC):
         self.every_n_steps = every_n_steps
         self.last_step: StepMemory | None = None
         self.peak: StepMemory | None = None
+        self._largest_measured = 0  # batch_elements of the largest step measured so far
         self._models: list[nn.Module] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._in_step = False
@@ -165,33 +168,39 @@ class MemoryMeter(ABC):
         CUDA allocator enforces its cap everywhere)."""
         return False
 
-    def measures(self, number: int) -> bool:
-        """Whether optimizer step ``number`` (1-based) is measured: every ``every_n_steps``-th
-        (``step % n == 0``), or by ``"auto"`` (see the module's docstring); every step where
-        the budget is enforced by measuring."""
+    def measures(self, number: int, batch_elements: int = 0) -> bool:
+        """Whether optimizer step ``number`` (1-based), whose largest batch tensor has
+        ``batch_elements`` elements, is measured: every ``every_n_steps``-th (``step % n ==
+        0``), or by ``"auto"`` (see the module's docstring); every step where the budget is
+        enforced by measuring."""
         every = self.every_n_steps
         if every == 1 or self.enforces_budget:
             return True
         if every == AUTO:
             return (self.measures_cheaply or number <= AUTO_FIRST_STEPS
-                    or number % AUTO_EVERY == 0)
+                    or number % AUTO_EVERY == 0 or batch_elements > self._largest_measured)
         return number % every == 0
 
     @contextlib.contextmanager
-    def step(self, number: int | None = None) -> Iterator[None]:
+    def step(self, number: int | None = None,
+             batches: Iterable[Mapping[str, torch.Tensor]] = ()) -> Iterator[None]:
         """Measure one optimizer step (all its micro-batches); records on normal exit.
 
-        ``number``: the optimizer step's number, measured only if ``measures(number)``
-        (otherwise it runs untouched and ``last_step`` is None); None: measured.
+        ``number``: the optimizer step's number, measured only if ``measures(number, ...)``
+        of its micro-batches ``batches`` (otherwise it runs untouched and ``last_step`` is
+        None); None: measured.
         """
         if self._in_step:
             raise RuntimeError("memory meter steps cannot be nested")
+        elements = max((value.numel() for batch in batches for value in batch.values()
+                        if isinstance(value, torch.Tensor)), default=0)
         self._in_step = True
         self.last_step = None  # until this step finishes
         try:
-            if number is not None and not self.measures(number):
+            if number is not None and not self.measures(number, elements):
                 yield  # not measured: costs nothing
                 return
+            self._largest_measured = max(self._largest_measured, elements)
             start = self._begin()
             with self._active():
                 yield

@@ -216,7 +216,7 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
                 sum(run.objective.count(batch) for batch in micro_batches))
             lr = run.optimizer.param_groups[0]["lr"]
             try:
-                with meter.step(step):
+                with meter.step(step, micro_batches):
                     outcome = optimizer_step(
                         step_parts(run), micro_batches, items, judge=partial(guard.judge, step),
                         check_adapter_gradients=step == state_at_start + 1 and adapters)

@@ -402,6 +402,21 @@ def test_auto_measures_the_first_steps_and_a_sample_and_every_step_under_a_budge
     assert budgeted.last_step is not None and budgeted.last_step.peak_bytes == 10 * FP32
 
 
+def test_auto_measures_a_step_whose_batches_are_larger_than_any_measured() -> None:
+    meter = make_memory_meter("cpu", every_n_steps=AUTO)
+    rows = {1: 8, 2: 8, 3: 12, 4: 12, 5: 4, 6: 16}  # step -> padded length of its batch
+    measured = []
+    for number, length in rows.items():
+        # Two micro-batches: the longer one is what the step's peak depends on.
+        batches = [{"input_ids": torch.zeros(2, length)}, {"input_ids": torch.zeros(2, 3)}]
+        with meter.step(number, batches):
+            torch.zeros(length)
+        if meter.last_step is not None:
+            measured.append(number)
+            assert meter.last_step.peak_bytes == length * FP32  # exact when measured
+    assert measured == [1, 2, 3, 6]
+
+
 def test_an_evaluation_is_measured_only_where_that_enforces_a_budget() -> None:
     free = make_memory_meter("cpu", every_n_steps=AUTO)
     with free.evaluation():
@@ -417,6 +432,7 @@ def test_the_auto_schedule_is_the_one_the_config_reference_describes() -> None:
     text = next(field.metadata["help"] for field in dataclasses.fields(LogConfig)
                 if field.name == "memory_every")
     assert f"every {AUTO_EVERY}th" in text and f"steps 1 and {AUTO_FIRST_STEPS}" in text
+    assert "larger than any measured" in text
     assert LogConfig().memory_every == AUTO
 
 
