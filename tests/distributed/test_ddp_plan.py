@@ -83,6 +83,7 @@ def case_config(root: Path, name: str, data: Path, sections: dict) -> Path:
     path = run_config(root, name, data, **{**sections, "train": train, "distributed": distributed})
     mapping = yaml.safe_load(path.read_text())  # run_config's data section, full-length rows
     mapping["data"].update(max_length=SEQUENCE, eval_fraction=0.0)
+    mapping["log"]["memory_every"] = 1  # the plan is the most of all 3 steps (GaLore: step 3)
     path.write_text(yaml.safe_dump(mapping))
     return path
 

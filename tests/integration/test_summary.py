@@ -32,9 +32,14 @@ def test_a_measured_run_reports_its_training_peak(tmp_path: Path, instructions: 
     result = run_in_process("train", *tiny_run_arguments(
         instructions, run, "train.max_steps=2", "log.tensorboard=false"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    peaks = [r["memory_peak_bytes"] for r in read_metrics(run) if "memory_peak_bytes" in r]
+    measured = {r["step"]: r["memory_peak_bytes"] for r in read_metrics(run)
+                if "memory_peak_bytes" in r}
+    peaks = list(measured.values())
     summary = summary_of(run)
+    assert sorted(measured) == [1, 2]  # log.memory_every=auto: the first 2 steps on CPU
     assert summary["memory_peak_bytes"] == max(peaks)
+    assert summary["memory_peak_step"] == max(measured, key=measured.get)
+    assert summary["memory_measured_steps"] == 2
     assert sum(summary["memory_peak_by_category"].values()) == max(peaks)
     assert summary["tokens"] == sum(r["tokens"] for r in read_metrics(run) if "loss" in r)
 

@@ -64,9 +64,11 @@ def lookup(config: Any, key: str) -> Any:
 
 def check_int_limits(config: Any) -> None:
     """Every whole-number key inside its bounds, else a ConfigError naming it and the bound
-    (unset optional keys, None, are skipped)."""
+    (unset optional keys, None, and words such as log.memory_every=auto are skipped)."""
     for key, (low, high) in int_limits(type(config)).items():
-        check_count(key, lookup(config, key), low, high)
+        value = lookup(config, key)
+        if not isinstance(value, str):
+            check_count(key, value, low, high)
 
 
 def check_count(what: str, value: int | None, low: int, high: int) -> None:

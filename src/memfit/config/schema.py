@@ -504,10 +504,13 @@ class LogConfig:
     tensorboard: bool = doc("Write TensorBoard events to the run folder.", default=True)
     progress: bool = doc("Show a progress bar.", default=True)
     every: int = doc("Log metrics every N optimizer steps.", limits=(1, MAX_STEPS), default=1)
-    memory_every: int = doc(
-        "Measure memory every N steps (CPU tensor tracking costs time on tiny models; must "
-        "be 1 with memory.budget).",
-        limits=(1, MAX_STEPS), default=1,
+    memory_every: str | int = doc(
+        "Which steps' memory is measured: auto (every step on CUDA and with memory.budget; "
+        "on CPU otherwise steps 1 and 2, where the peak is set, each step whose batches are "
+        "larger than any measured before, and every 100th, since the CPU tensor tracker "
+        "slows each step it measures) or N, every N-th step (1: each; must be 1 or auto "
+        "with memory.budget).",
+        limits=(1, MAX_STEPS), default="auto",
     )
 
 

@@ -155,8 +155,13 @@ def _check_combinations(config: Config) -> None:
             "model.dtype=float16 with precision=fp16 and adapter.kind=none trains float16 "
             "weights, whose gradients the fp16 gradient scaler refuses to unscale; keep "
             "model.dtype=float32 (autocast computes in float16) or train adapters")
-    if config.memory.budget is not None and config.log.memory_every != 1:
-        raise ConfigError("memory.budget needs log.memory_every=1 (every step is checked)")
+    every = config.log.memory_every
+    if isinstance(every, str) and every != "auto":
+        raise ConfigError(f"log.memory_every must be auto or a whole number N (measure every "
+                          f"N-th step), got {every!r}")
+    if config.memory.budget is not None and every not in (1, "auto"):
+        raise ConfigError("memory.budget needs log.memory_every=1 or auto (every step is "
+                          "checked)")
     if config.memory.auto and config.memory.budget is None:
         raise ConfigError("memory.auto=true needs memory.budget (e.g. memory.budget=24GiB)")
 

@@ -4,8 +4,10 @@ The training loop uses only this::
 
     meter = make_memory_meter(device, budget_bytes)   # budget_bytes: int | None
     meter.attach(model, optimizer)                    # owners of weights / grads / state
-    with meter.step():                                # one optimizer step: forward,
+    with meter.step(number):                          # optimizer step `number`: forward,
         ...                                           # backward, step of all micro-batches
+    with meter.evaluation():                          # an evaluation (budget enforced)
+        ...
     meter.last_step   # StepMemory of the step just finished; None if it was not measured
     meter.peak        # StepMemory of the highest-peak measured step (None before one)
     record.update(meter.last_step.to_record())        # flat ints for metrics.jsonl
@@ -31,15 +33,22 @@ memfit offloads to the host in a pool of its own (``host_peak_bytes``).
   A budget caps the caching allocator with ``set_per_process_memory_fraction``.
 
 A step may wrap evaluation under ``torch.inference_mode`` or an in-place
-``optimizer.step()``; steps cannot be nested. ``every_n_steps`` samples steps (see
-``make_memory_meter``) because the CPU tracker costs ~10 us per aten op.
+``optimizer.step()``; steps cannot be nested. ``every_n_steps`` says which numbered steps
+are measured (``measures``), because the CPU tracker costs ~10 us per aten op: with
+``"auto"`` (``log.memory_every``'s default) a CPU run without a budget measures steps 1
+and 2 -- step 1 allocates the optimizer state, step 2 holds it through forward and
+backward, the steady state -- then every step whose batches are larger than those of
+every step measured before (padded rows: a longer batch is a higher peak), and every
+``AUTO_EVERY``-th step, which keeps the tracker's cost to a few percent of a run; CUDA's
+counters cost nothing and a CPU budget is enforced by the tracker, so those measure every
+step.
 """
 
 from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -58,6 +67,9 @@ from memfit.accounting import (
 from memfit.monitor.tensor_tracker import TensorTracker
 
 __all__ = [
+    "AUTO",
+    "AUTO_EVERY",
+    "AUTO_FIRST_STEPS",
     "CATEGORIES",
     "RECORD_BUDGET_KEY",
     "RECORD_HOST_PEAK_KEY",
@@ -109,18 +121,29 @@ def record_key(category: str) -> str:
     return f"memory_{category}_bytes"
 
 
+# every_n_steps="auto" (log.memory_every=auto) on a CPU without a budget: the first steps,
+# where the peak is set (1: optimizer state allocated; 2: the steady state holding it), a
+# step with larger batches than any measured, and one step in AUTO_EVERY.
+AUTO = "auto"
+AUTO_FIRST_STEPS = 2
+AUTO_EVERY = 100
+
+
 class MemoryMeter(ABC):
     """Measures the peak memory of each training step and where it went."""
 
+    # Whether measuring costs next to nothing (so "auto" measures every step).
+    measures_cheaply = False
+
     def __init__(
-        self, device: torch.device, budget_bytes: int | None, every_n_steps: int = 1
+        self, device: torch.device, budget_bytes: int | None, every_n_steps: int | str = 1
     ) -> None:
         self.device = device
         self.budget_bytes = budget_bytes
         self.every_n_steps = every_n_steps
-        self.steps_entered = 0
         self.last_step: StepMemory | None = None
         self.peak: StepMemory | None = None
+        self._largest_measured = 0  # batch_elements of the largest step measured so far
         self._models: list[nn.Module] = []
         self._optimizers: list[torch.optim.Optimizer] = []
         self._in_step = False
@@ -139,18 +162,45 @@ class MemoryMeter(ABC):
         if optimizer is not None:
             self._optimizers = [optimizer]
 
+    @property
+    def enforces_budget(self) -> bool:
+        """Whether the budget holds only inside ``step()`` (the CPU tracker simulates it; the
+        CUDA allocator enforces its cap everywhere)."""
+        return False
+
+    def measures(self, number: int, batch_elements: int = 0) -> bool:
+        """Whether optimizer step ``number`` (1-based), whose largest batch tensor has
+        ``batch_elements`` elements, is measured: every ``every_n_steps``-th (``step % n ==
+        0``), or by ``"auto"`` (see the module's docstring); every step where the budget is
+        enforced by measuring."""
+        every = self.every_n_steps
+        if every == 1 or self.enforces_budget:
+            return True
+        if every == AUTO:
+            return (self.measures_cheaply or number <= AUTO_FIRST_STEPS
+                    or number % AUTO_EVERY == 0 or batch_elements > self._largest_measured)
+        return number % every == 0
+
     @contextlib.contextmanager
-    def step(self) -> Iterator[None]:
-        """Measure one optimizer step (all its micro-batches); records on normal exit."""
+    def step(self, number: int | None = None,
+             batches: Iterable[Mapping[str, torch.Tensor]] = ()) -> Iterator[None]:
+        """Measure one optimizer step (all its micro-batches); records on normal exit.
+
+        ``number``: the optimizer step's number, measured only if ``measures(number, ...)``
+        of its micro-batches ``batches`` (otherwise it runs untouched and ``last_step`` is
+        None); None: measured.
+        """
         if self._in_step:
             raise RuntimeError("memory meter steps cannot be nested")
+        elements = max((value.numel() for batch in batches for value in batch.values()
+                        if isinstance(value, torch.Tensor)), default=0)
         self._in_step = True
-        self.steps_entered += 1
         self.last_step = None  # until this step finishes
         try:
-            if (self.steps_entered - 1) % self.every_n_steps:
+            if number is not None and not self.measures(number, elements):
                 yield  # not measured: costs nothing
                 return
+            self._largest_measured = max(self._largest_measured, elements)
             start = self._begin()
             with self._active():
                 yield
@@ -160,6 +210,12 @@ class MemoryMeter(ABC):
         self.last_step = memory
         if self.peak is None or memory.peak_bytes > self.peak.peak_bytes:
             self.peak = memory
+
+    def evaluation(self) -> contextlib.AbstractContextManager[None]:
+        """Around an evaluation: measured where that enforces the budget (a CPU budget), so
+        an evaluation can run out of memory as a device would; otherwise untouched, since
+        nothing records an evaluation's memory."""
+        return self.step() if self.enforces_budget else contextlib.nullcontext()
 
     @abstractmethod
     def _begin(self) -> int:
@@ -177,14 +233,18 @@ class MemoryMeter(ABC):
 class CpuMemoryMeter(MemoryMeter):
     """Exact live-storage accounting on CPU, with an optional simulated device budget."""
 
-    def __init__(self, budget_bytes: int | None = None, every_n_steps: int = 1) -> None:
-        if budget_bytes is not None and every_n_steps != 1:
+    def __init__(self, budget_bytes: int | None = None, every_n_steps: int | str = 1) -> None:
+        if budget_bytes is not None and every_n_steps not in (1, AUTO):
             raise ConfigError(
                 f"every_n_steps={every_n_steps} with a CPU memory budget: the simulated budget "
-                "is only enforced on measured steps, so every_n_steps must be 1"
+                "is only enforced on measured steps, so every_n_steps must be 1 or auto"
             )
         super().__init__(torch.device("cpu"), budget_bytes, every_n_steps)
         self.tracker = TensorTracker(budget_bytes)
+
+    @property
+    def enforces_budget(self) -> bool:
+        return self.budget_bytes is not None
 
     def attach(
         self, model: nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None
@@ -231,8 +291,11 @@ def _device_bytes(tensors: Iterable[torch.Tensor], device: torch.device, seen: s
 class CudaMemoryMeter(MemoryMeter):
     """CUDA allocator statistics per step; the category split is best effort."""
 
+    measures_cheaply = True  # counters the allocator keeps anyway, and a walk of the tensors
+
     def __init__(
-        self, device: torch.device, budget_bytes: int | None = None, every_n_steps: int = 1
+        self, device: torch.device, budget_bytes: int | None = None,
+        every_n_steps: int | str = 1,
     ) -> None:
         if device.index is None:
             device = torch.device("cuda", torch.cuda.current_device())
@@ -302,22 +365,27 @@ class CudaMemoryMeter(MemoryMeter):
 
 
 def make_memory_meter(
-    device: torch.device | str, budget_bytes: int | None = None, *, every_n_steps: int = 1
+    device: torch.device | str, budget_bytes: int | None = None, *,
+    every_n_steps: int | str = 1,
 ) -> MemoryMeter:
     """The meter for ``device`` ("cpu" or "cuda[:N]").
 
     ``budget_bytes`` caps live bytes (CPU: simulated, CUDA: allocator fraction).
-    ``every_n_steps`` measures steps 1, 1+n, 1+2n, ...; the others run untouched and
-    leave ``last_step`` None. On CPU the tracker slows tiny models several-fold, so
-    sampling is how an unbudgeted CPU run keeps its speed; a CPU budget needs n = 1.
+    ``every_n_steps``: which numbered steps (``step(number)``) are measured: n measures
+    steps n, 2n, 3n, ...; ``"auto"`` the first steps and a sample (see ``measures``). The
+    others run untouched and leave ``last_step`` None. On CPU the tracker slows tiny
+    models several-fold, so sampling is how an unbudgeted CPU run keeps its speed; a CPU
+    budget needs 1 or "auto" (which then measures every step).
     """
     device = torch.device(device)
     if budget_bytes is not None and (
         isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int) or budget_bytes <= 0
     ):
         raise ConfigError(f"memory budget must be a positive number of bytes, got {budget_bytes!r}")
-    if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-        raise ConfigError(f"every_n_steps must be a positive integer, got {every_n_steps!r}")
+    if every_n_steps != AUTO and (isinstance(every_n_steps, bool)
+                                  or not isinstance(every_n_steps, int) or every_n_steps < 1):
+        raise ConfigError(
+            f"every_n_steps must be a positive integer or {AUTO!r}, got {every_n_steps!r}")
     if device.type == "cpu":
         return CpuMemoryMeter(budget_bytes, every_n_steps)
     if device.type == "cuda":

@@ -25,8 +25,8 @@ Host memory is a pool of its own: a storage ``memfit.accounting.HOST`` says memf
 on the host (offloaded activations, optimizer offload's masters, grads and state, FSDP2's
 offloaded shards) is counted in ``host_live_bytes`` / ``host_peak_bytes`` and never in the
 device's totals, categories, peak or budget, even though on a CPU device it is a CPU
-storage like the others. The per-op cost is one attribute read per op that creates
-storages (is a host allocation under way?) and one dict lookup per new storage.
+storage like the others. While nothing is host (``_hosting``: no offload in the run) the
+pool costs one check per op that creates storages; otherwise also a host lookup per storage.
 
 With ``budget_bytes`` set, an op whose new storages would take the live total over the
 budget raises ``torch.OutOfMemoryError`` (the class CUDA raises) and its outputs are not
@@ -268,6 +268,12 @@ class TensorTracker(TorchDispatchMode):
 
         torch.UntypedStorage.resize_ = counted_resize
 
+    def _hosting(self) -> bool:
+        """Whether host bookkeeping can matter now: a host allocation is under way, some
+        storage is tagged host, or the pool counts one. False for every run without offload
+        (nothing calls mark_host or host_allocations), which then skips the host lookups."""
+        return bool(HOST.allocating or HOST.ids or self._host.records)
+
     def _storage_resized(self, storage: torch.UntypedStorage) -> None:
         nbytes = storage.nbytes()
         ledger, ref = self._find(storage)
@@ -305,26 +311,31 @@ class TensorTracker(TorchDispatchMode):
         grown: list[tuple[CountedStorage, int]] = []
         extra = 0
         live, host = self._live, self._host
+        records = live.records
+        hosting = self._hosting()
         for tensor in outputs:
             if not isinstance(tensor, torch.Tensor):
                 continue
             for storage in _cpu_storages(tensor):
-                ref = live.records.get(id(storage))
+                ref = records.get(id(storage))
                 if ref is not None:
                     if may_resize and storage.nbytes() != ref.nbytes:
                         grown.append((ref, storage.nbytes()))
                         extra += storage.nbytes() - ref.nbytes
                     continue
-                host_ref = host.records.get(id(storage))
-                if host_ref is not None:
-                    if may_resize and storage.nbytes() != host_ref.nbytes:
-                        self._resize_host(host_ref, storage.nbytes())
-                    continue
-                if HOST.allocating or id(storage) in HOST.ids:
-                    # An offload copying into host memory: not the device's, nor its budget's.
-                    if storage.nbytes():
-                        self._add(storage, storage.nbytes(), fresh_category(self._pack_hook))
-                    continue
+                if hosting:
+                    host_ref = host.records.get(id(storage))
+                    if host_ref is not None:
+                        if may_resize and storage.nbytes() != host_ref.nbytes:
+                            self._resize_host(host_ref, storage.nbytes())
+                        continue
+                    if HOST.allocating or id(storage) in HOST.ids:
+                        # An offload copying into host memory: not the device's, nor its
+                        # budget's.
+                        if storage.nbytes():
+                            self._add(storage, storage.nbytes(),
+                                      fresh_category(self._pack_hook))
+                        continue
                 if new and any(s is storage for s, _ in new):
                     continue  # two outputs viewing one new storage (split, unbind...)
                 nbytes = storage.nbytes()
@@ -345,13 +356,17 @@ class TensorTracker(TorchDispatchMode):
         if new:
             category = fresh_category(self._pack_hook)
             for storage, nbytes in new:
-                self._add(storage, nbytes, category)
-        self._update_peak()
+                self._seq += 1
+                live.count(storage, nbytes, category, self._seq)
+        if live.total > self._peak_total:  # _update_peak, inlined: this runs for every op
+            self._peak_total = live.total
+            self._peak_split = live.bytes.copy()
+            self._peak_seq = self._seq
 
     def _add(self, storage: torch.UntypedStorage, nbytes: int, category: int) -> None:
         """Count a storage seen for the first time, in the host pool if it is a host one."""
         self._seq += 1
-        if HOST.allocating or id(storage) in HOST.ids:
+        if HOST.allocating or (HOST.ids and id(storage) in HOST.ids):
             self._host.count(storage, nbytes, category, self._seq)
             self._host_peak = max(self._host_peak, self._host.total)
         else:
@@ -361,7 +376,7 @@ class TensorTracker(TorchDispatchMode):
         """The ledger counting ``storage`` (device or host) and its record (None: neither)."""
         key = id(storage)
         ref = self._live.records.get(key)
-        if ref is not None:
+        if ref is not None or not self._host.records:
             return self._live, ref
         return self._host, self._host.records.get(key)
 
@@ -386,7 +401,8 @@ class TensorTracker(TorchDispatchMode):
 
     def _promote(self, ref: CountedStorage, category: int) -> None:
         old = ref.category
-        if self._live.records.get(ref.key) is not ref:  # a host storage: no device peak
+        if self._host.records and self._live.records.get(ref.key) is not ref:
+            # A host storage: no device peak.
             self._host.promote(ref, category)
             return
         if not self._live.promote(ref, category):
@@ -398,10 +414,11 @@ class TensorTracker(TorchDispatchMode):
 
     def _classify(self, tensors: Iterable[torch.Tensor], category: int) -> None:
         live = self._live
+        tagged = HOST.ids
         for tensor in tensors:
             for storage in _cpu_storages(tensor):
                 ledger, ref = self._find(storage)
-                if ref is not None and ledger is live and id(storage) in HOST.ids:
+                if ref is not None and ledger is live and tagged and id(storage) in tagged:
                     self._move_to_host(ref, storage)
                     ledger, ref = self._find(storage)
                 if ref is not None:
@@ -420,9 +437,10 @@ class TensorTracker(TorchDispatchMode):
         # The state an optimizer creates on its first step (and the grads it consumed) are
         # only recognisable once the step has stored them.
         self._classify_optimizer(optimizer)
-        if any(optimizer is attached for attached in self._optimizers):
-            # An optimizer stepping host copies (optimizer offload) consumed the model's
-            # own grads only through copies: those are the device's grads.
+        if self._hosting() and any(optimizer is attached for attached in self._optimizers):
+            # An optimizer stepping host copies (optimizer offload, whose copies are tagged
+            # host) consumed the model's own grads only through copies: those are the
+            # device's grads. Without offload the optimizer's own grads are the model's.
             for model in self._models:
                 self._classify(grad_tensors(model.parameters()), GRADS)
         self._update_peak()

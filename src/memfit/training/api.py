@@ -316,13 +316,14 @@ def _train_in(run: Run, run_dir: Path, state: TrainerState, resumed_from: int | 
                      peak_bytes, host_peak_bytes)
 
 
-def _peak(records: list[dict[str, Any]], result) -> tuple[int, dict[str, int]] | None:
-    """The highest measured training step over the whole run: the records of every
-    segment, and this segment's own peak (which also saw steps ``log.every`` left out)."""
-    found = [(r[RECORD_PEAK_KEY], {c: r.get(record_key(c), 0) for c in CATEGORIES})
+def _peak(records: list[dict[str, Any]], result) -> tuple[int, dict[str, int], int] | None:
+    """The highest measured training step over the whole run (bytes, split, step): the
+    records of every segment, and this segment's own peak (which also saw steps
+    ``log.every`` left out)."""
+    found = [(r[RECORD_PEAK_KEY], {c: r.get(record_key(c), 0) for c in CATEGORIES}, r["step"])
              for r in records if RECORD_PEAK_KEY in r]
     if result.peak is not None:
-        found.append((result.peak.peak_bytes, dict(result.peak.by_category)))
+        found.append((result.peak.peak_bytes, dict(result.peak.by_category), result.peak_step))
     return max(found, key=lambda item: item[0]) if found else None
 
 
@@ -363,7 +364,13 @@ def _summary(run: Run, result, run_dir: Path, exported: Path,
             summary[key] = last_eval[key]
     peak = _peak(records, result)
     if peak is not None:
-        summary["memory_peak_bytes"], summary["memory_peak_by_category"] = peak
+        summary["memory_peak_bytes"], summary["memory_peak_by_category"] = peak[:2]
+        # Which steps the peak is over: log.memory_every=auto samples them on CPU.
+        summary["memory_peak_step"] = peak[2]
+        # The records cover every segment's logged steps; this segment's own count also
+        # has the measured steps log.every left out of them.
+        summary["memory_measured_steps"] = max(
+            result.measured_steps, sum(1 for r in records if RECORD_PEAK_KEY in r))
         host = _host_peak(records, result)
         if host is not None:
             summary[RECORD_HOST_PEAK_KEY] = host

@@ -11,9 +11,10 @@
 5. on SIGTERM/SIGINT received during the step (memfit.training.interrupts): checkpoint there
    if not just saved, and stop.
 
-The step runs inside ``meter.step()``, which on CPU enforces ``memory.budget``. An OOM in
-forward/backward zeroes the gradients, moves one rung down ``recovery.next_rung`` and
-retries the same step from the same examples; an OOM in evaluation halves the eval batch.
+The step runs inside ``meter.step(step)``, which measures the steps ``log.memory_every``
+says and on CPU enforces ``memory.budget`` (evaluation too, inside ``meter.evaluation()``).
+An OOM in forward/backward zeroes the gradients, moves one rung down ``recovery.next_rung``
+and retries the same step from the same examples; an OOM in evaluation halves the eval batch.
 
 Distributed (memfit.distributed): each rank runs its share of every micro-batch; ``items``
 and the step loss are summed over ranks, so the loss is normalised over the GLOBAL
@@ -66,9 +67,11 @@ class LoopResult:
     state: TrainerState
     losses: dict[int, float] = field(default_factory=dict)  # steps whose update was applied
     eval_losses: dict[int, float] = field(default_factory=dict)
-    # The highest measured training step of this call (evaluations are measured too, but
-    # are not what a user sizes a GPU by); None when log.memory_every skipped them all.
+    # The highest measured training step of this call (evaluations are not what a user
+    # sizes a GPU by); None when log.memory_every skipped them all.
     peak: StepMemory | None = None
+    peak_step: int | None = None
+    measured_steps: int = 0  # training steps of this call whose memory was measured
 
 
 def evaluate(run: Run) -> dict[str, float] | None:
@@ -140,7 +143,7 @@ def _release_failed_attempt(run: Run) -> None:
 def _evaluate_within_memory(run: Run, meter: MemoryMeter, step: int) -> dict[str, float] | None:
     while True:
         try:
-            with meter.step():
+            with meter.evaluation():
                 return evaluate(run)
         except torch.OutOfMemoryError as error:
             failure = str(error)
@@ -213,7 +216,7 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
                 sum(run.objective.count(batch) for batch in micro_batches))
             lr = run.optimizer.param_groups[0]["lr"]
             try:
-                with meter.step():
+                with meter.step(step, micro_batches):
                     outcome = optimizer_step(
                         step_parts(run), micro_batches, items, judge=partial(guard.judge, step),
                         check_adapter_gradients=step == state_at_start + 1 and adapters)
@@ -247,8 +250,9 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
             record.update(skipped=verdict is Verdict.SKIP, skipped_steps=guard.skipped_steps)
         if meter.last_step is not None:
             record.update(meter.last_step.to_record())
+            result.measured_steps += 1
             if result.peak is None or meter.last_step.peak_bytes > result.peak.peak_bytes:
-                result.peak = meter.last_step
+                result.peak, result.peak_step = meter.last_step, step
         record.update(_host_bytes(run))
         if run.replicas is not None:  # this rank's; every rank reduces the same bytes
             record["allreduce_bytes"] = run.replicas.reduced_bytes.take()

@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from memfit._utils.errors import ConfigError
-from memfit.monitor.memory import CATEGORIES, StepMemory, make_memory_meter, record_key
+from memfit.config.schema import LogConfig
+from memfit.monitor.memory import (
+    AUTO,
+    AUTO_EVERY,
+    AUTO_FIRST_STEPS,
+    CATEGORIES,
+    StepMemory,
+    make_memory_meter,
+    record_key,
+)
 
 FP32 = 4  # bytes per float32 element
 
@@ -367,13 +378,62 @@ def test_budget_smaller_than_the_weights_fails_before_the_step() -> None:
 def test_every_n_steps_samples_and_nesting_is_refused() -> None:
     meter = make_memory_meter("cpu", every_n_steps=2)
     measured = []
-    for _ in range(3):
-        with meter.step():
+    for number in (1, 2, 3, 4):
+        with meter.step(number):
             torch.zeros(10)
         measured.append(meter.last_step is not None)
-    assert measured == [True, False, True]
+    assert measured == [False, True, False, True]
+    with meter.step():  # no number: measured
+        torch.zeros(10)
+    assert meter.last_step is not None
     with pytest.raises(RuntimeError, match="nested"), meter.step(), meter.step():
         pass
+
+
+def test_auto_measures_the_first_steps_and_a_sample_and_every_step_under_a_budget() -> None:
+    steps = range(1, 3 * AUTO_EVERY + 1)
+    sampled = make_memory_meter("cpu", every_n_steps=AUTO)
+    expected = [*range(1, AUTO_FIRST_STEPS + 1), AUTO_EVERY, 2 * AUTO_EVERY, 3 * AUTO_EVERY]
+    assert [n for n in steps if sampled.measures(n)] == expected
+    budgeted = make_memory_meter("cpu", budget_bytes=10**6, every_n_steps=AUTO)
+    assert all(budgeted.measures(n) for n in steps)
+    with budgeted.step(AUTO_EVERY + 1):  # an unsampled number: still checked and measured
+        torch.zeros(10)
+    assert budgeted.last_step is not None and budgeted.last_step.peak_bytes == 10 * FP32
+
+
+def test_auto_measures_a_step_whose_batches_are_larger_than_any_measured() -> None:
+    meter = make_memory_meter("cpu", every_n_steps=AUTO)
+    rows = {1: 8, 2: 8, 3: 12, 4: 12, 5: 4, 6: 16}  # step -> padded length of its batch
+    measured = []
+    for number, length in rows.items():
+        # Two micro-batches: the longer one is what the step's peak depends on.
+        batches = [{"input_ids": torch.zeros(2, length)}, {"input_ids": torch.zeros(2, 3)}]
+        with meter.step(number, batches):
+            torch.zeros(length)
+        if meter.last_step is not None:
+            measured.append(number)
+            assert meter.last_step.peak_bytes == length * FP32  # exact when measured
+    assert measured == [1, 2, 3, 6]
+
+
+def test_an_evaluation_is_measured_only_where_that_enforces_a_budget() -> None:
+    free = make_memory_meter("cpu", every_n_steps=AUTO)
+    with free.evaluation():
+        torch.zeros(10)
+    assert free.last_step is None and free.peak is None
+    budgeted = make_memory_meter("cpu", budget_bytes=100, every_n_steps=AUTO)
+    with pytest.raises(torch.OutOfMemoryError), budgeted.evaluation():
+        torch.zeros(100)  # 400 bytes
+
+
+def test_the_auto_schedule_is_the_one_the_config_reference_describes() -> None:
+    # The help text memfit --help and docs/config.md show (config cannot import monitor).
+    text = next(field.metadata["help"] for field in dataclasses.fields(LogConfig)
+                if field.name == "memory_every")
+    assert f"every {AUTO_EVERY}th" in text and f"steps 1 and {AUTO_FIRST_STEPS}" in text
+    assert "larger than any measured" in text
+    assert LogConfig().memory_every == AUTO
 
 
 @pytest.mark.parametrize(
@@ -382,7 +442,8 @@ def test_every_n_steps_samples_and_nesting_is_refused() -> None:
         ("meta", None, 1, "valid device types: 'cpu', 'cuda'"),
         ("cpu", 0, 1, "positive number of bytes"),
         ("cpu", None, 0, "positive integer"),
-        ("cpu", 1000, 2, "every_n_steps must be 1"),
+        ("cpu", 1000, 2, "every_n_steps must be 1 or auto"),
+        ("cpu", None, "often", "positive integer or 'auto'"),
     ],
 )
 def test_bad_meter_settings_are_config_errors(
