@@ -39,7 +39,7 @@ import torch
 
 from memfit import distributed
 from memfit._utils.atomic import write_text
-from memfit._utils.errors import OutOfMemoryPlanError
+from memfit._utils.errors import MemfitWarning, OutOfMemoryPlanError
 from memfit.checkpoint import TrainerState, save_checkpoint
 from memfit.config import to_yaml
 from memfit.config.schema import AdapterKind
@@ -115,7 +115,7 @@ def _apply_rung(run: Run, rung: Rung, stream: BatchStream, logger: MetricsLogger
     stream.micro_batch_size = rung.config.train.micro_batch_size
     logger.log({"step": step, "event": "out_of_memory", "change": rung.description})
     warnings.warn(f"out of memory at step {step}; retrying with {rung.description}",
-                  stacklevel=2)
+                  MemfitWarning, stacklevel=2)
 
 
 def _host_bytes(run: Run) -> dict[str, int]:
@@ -151,7 +151,7 @@ def _evaluate_within_memory(run: Run, meter: MemoryMeter, step: int) -> dict[str
             raise _out_of_memory(run, "in evaluation", step, failure)
         run.eval_batch_size = smaller
         warnings.warn(f"out of memory in evaluation; eval batch size -> {smaller}",
-                      stacklevel=2)
+                      MemfitWarning, stacklevel=2)
 
 
 def _save(run: Run, run_dir: Path, state: TrainerState, guard: DivergenceGuard) -> Path:
