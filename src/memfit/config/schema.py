@@ -436,6 +436,11 @@ class MemoryConfig:
     )
     auto: bool = doc("Apply the planner's recommended strategy for memory.budget.",
                      default=False)
+    auto_keep_adapters: bool = doc(
+        "memory.auto (and memfit plan's recommendation): choose among the strategies that "
+        "train adapters (lora, qlora) only, never a full fine-tune.",
+        default=False,
+    )
     recover_from_oom: bool = doc(
         "On out-of-memory in forward/backward, halve the micro-batch (doubling accumulation) "
         "or offload activations, and retry the same step.",

@@ -34,6 +34,7 @@ from torch import nn
 from memfit._utils.errors import ModelError
 from memfit.config.schema import Config, Task
 from memfit.models.classifier import label_arguments, with_classes
+from memfit.models.folder_checks import check_config_json
 from memfit.models.load import build_image_preset, import_object
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
 from memfit.plan.pretrained_on_meta import from_pretrained_on_meta
@@ -66,9 +67,7 @@ def hf_config(config: Config):
         return PRESETS[model.preset]()
     if model.path:
         folder = Path(model.path)
-        if not (folder / "config.json").is_file():
-            raise ModelError(f"model.path={folder} is not a Hugging Face model folder "
-                             "(no config.json)")
+        check_config_json(folder)
         return AutoConfig.from_pretrained(folder)
     return None
 

@@ -86,7 +86,8 @@ def plan(config: Config, budget: str | int | None = None, device: str = "cuda",
     processes, every strategy both under ddp (each holds the whole model) and under fsdp
     (sharded), with the micro-batch per device; what FSDP2 cannot train is skipped for
     fsdp, with the reason. The given config is planned under its own distributed.strategy
-    (ddp when it names none)."""
+    (ddp when it names none). With memory.auto_keep_adapters only the strategies with
+    adapters are planned and recommended (the others are skipped, with that reason)."""
     check_max_length(config)
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"device={device!r} is not one of: cuda, cpu")
@@ -100,6 +101,9 @@ def plan(config: Config, budget: str | int | None = None, device: str = "cuda",
     given = estimate(config, device, example_batch)
     rows, skipped = [], {}
     for name, overrides in _candidates(config, devices):
+        if config.memory.auto_keep_adapters and overrides["adapter.kind"] == AdapterKind.NONE.value:
+            skipped[name] = "memory.auto_keep_adapters=true keeps adapters"
+            continue
         candidate = with_overrides(config, overrides)
         why_not = strategy_for(candidate).refusal(candidate)
         if why_not is not None:
