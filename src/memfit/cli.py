@@ -104,6 +104,8 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     if summary["eval_loss_before"] is not None:
         print(f"eval loss     {summary['eval_loss_before']:.4f} -> "
               f"{summary['eval_loss_after']:.4f}")
+    elif summary["eval_loss_after"] is not None:  # train.eval_at_start=false
+        print(f"eval loss     {summary['eval_loss_after']:.4f}")
     if summary.get("eval_accuracy") is not None:
         print(f"eval accuracy {summary['eval_accuracy']:.4f} (macro-F1 "
               f"{summary['eval_macro_f1']:.4f})")

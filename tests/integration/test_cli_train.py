@@ -50,8 +50,15 @@ def test_lora_run_saves_a_peft_adapter(tmp_path: Path, instructions: Path):
     result = run_cli("train", *tiny_run_arguments(
         instructions, run_dir, "train.max_steps=3", "adapter.kind=lora", "adapter.rank=4",
         "adapter.targets=[q_proj, v_proj]", "memory.gradient_checkpointing=true",
-        "log.tensorboard=false"), cwd=tmp_path)
+        "log.tensorboard=false", "train.eval_at_start=false", "train.eval_max_batches=1"),
+        cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    # No step-0 evaluation: only the final one, over one micro-batch of the eval split.
+    evals = [r for r in read_metrics(run_dir) if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [3]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval_loss_before"] is None and summary["eval_loss_after"] is not None
+    assert "eval loss     " in result.stdout
     # A quiet CLI: memfit's lines only (its adapter map is indented below its first line);
     # transformers' "use_cache=True is incompatible with gradient checkpointing" is not.
     assert all(line.startswith(("memfit: ", "  ")) for line in result.stderr.splitlines()), (
@@ -73,7 +80,6 @@ def test_lora_run_saves_a_peft_adapter(tmp_path: Path, instructions: Path):
     assert sorted(name.split(".lora_A")[0] for name in lora_names) == [
         f"base_model.model.model.layers.{layer}.self_attn.{leaf}"
         for layer in (0, 1) for leaf in ("q_proj", "v_proj")]
-    summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["trainable_parameters"] < summary["total_parameters"] / 10
     # Checkpointing must not silently stop adapter gradients (transformers #26221).
     losses = [r["grad_norm"] for r in read_metrics(run_dir) if "loss" in r]

@@ -19,8 +19,8 @@ Distributed (memfit.distributed): each rank runs its share of every micro-batch;
 and the step loss are summed over ranks, so the loss is normalised over the GLOBAL
 effective batch and FSDP and DDP sum (not average) the gradients; the verdict on a non-finite step
 follows from that loss and the global norm, and a stop signal on any rank is summed at each
-step boundary, so all ranks stop at the same step. Every rank evaluates the whole
-eval split (FSDP's all-gathers need all ranks in every forward). An OOM is not retried:
+step boundary, so all ranks stop at the same step. Every rank evaluates the same
+eval items (FSDP's all-gathers need all ranks in every forward). An OOM is not retried:
 the ranks would disagree on the micro-batch, so the job stops with the error.
 """
 
@@ -72,8 +72,9 @@ class LoopResult:
 
 
 def evaluate(run: Run) -> dict[str, float] | None:
-    """The objective's metrics over the whole eval split (None when there is none):
-    ``loss`` (mean per item) and those of its task (``Objective.eval_metrics``)."""
+    """The objective's metrics over the eval split, or its first train.eval_max_batches
+    micro-batches (None when there is none): ``loss`` (mean per item) and those of its task
+    (``Objective.eval_metrics``)."""
     if len(run.splits.eval) == 0:
         return None
     run.model.eval()
@@ -82,7 +83,9 @@ def evaluate(run: Run) -> dict[str, float] | None:
     # FSDP2 reuses its all-gather buffers in training, which inference tensors cannot be.
     no_grad = torch.no_grad() if distributed.is_distributed() else torch.inference_mode()
     with no_grad, autocast(run.config.precision, run.device):
-        for batch in eval_batches(run.splits.eval, run.eval_batch_size, run.collate):
+        max_batches = run.config.train.eval_max_batches
+        limit = None if max_batches is None else max_batches * run.config.train.micro_batch_size
+        for batch in eval_batches(run.splits.eval, run.eval_batch_size, run.collate, limit):
             batch = to_device(batch, run.device, run.config.precision)
             for name, value in run.objective.eval_sums(run.model, batch).items():
                 value = value.to("cpu", torch.float64)  # float64: sums over the whole split
@@ -193,7 +196,8 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
     guard = DivergenceGuard(run.config, started_from if started_from.is_dir() else None,
                             scaler_checks_gradients=run.scaler is not None)
     if state.step == 0:
-        metrics = _evaluate_within_memory(run, meter, 0)
+        metrics = (_evaluate_within_memory(run, meter, 0) if run.config.train.eval_at_start
+                   else None)
         if metrics is not None:
             logger.log(_eval_record(0, metrics))
             result.eval_losses[0] = metrics["loss"]
