@@ -5,7 +5,9 @@
    is trained for real on CPU for 3 steps while the tensor tracker counts live storages;
    the table shows planned and measured peak tensor bytes and the error, then the median
    and worst |error| (targets: median <= 5%, worst <= 15%); an offloading case adds a
-   "host" line: the plan's host bytes against the tracker's host pool.
+   "host" line: the plan's host bytes against the tracker's host pool. Its output is
+   recorded in docs/planner.md ("Accuracy"); tests/unit/plan/test_docs_figures.py checks
+   that the summary there and the README's quote of it are this table's (``summary``).
 2. Published figures, planned for the setting each paper describes, with the assumptions.
 """
 
@@ -72,8 +74,13 @@ def measured_table(only: set[str] | None = None) -> None:
         if host:
             print(f"{'':<18}{'  host':<22}{plan.host_bytes:>12,}{host:>12,}"
                   f"{plan.host_bytes / host - 1:>+8.1%}")
-    print(f"\n{len(errors)} cases: median |error| {statistics.median(errors):.1%}, "
-          f"worst {max(errors):.1%} (targets: 5%, 15%)\n")
+    print(f"\n{summary(errors)}\n")
+
+
+def summary(errors: list[float]) -> str:
+    """The table's last line, from each case's |planned / measured - 1|."""
+    return (f"{len(errors)} cases: median |error| {statistics.median(errors):.1%}, "
+            f"worst {max(errors):.1%} (targets: 5%, 15%)")
 
 
 def paper_table() -> None:

@@ -7,9 +7,18 @@ Python entry points (imported lazily, so ``import memfit`` stays cheap):
 
 from __future__ import annotations
 
+import logging
+
 from memfit._utils.version import VERSION
 
 __version__ = VERSION
+
+# Before anything imports bitsandbytes (memfit's optimizers and quantization, or PEFT and
+# transformers on memfit's behalf): on import it tries an optional CPU kernel from the
+# hub and logs a warning when it cannot (always, offline: "Failed to load CPU
+# gemm_4bit_forward from kernels-community ..."), then uses its own kernel. That logger
+# says nothing else; its errors still show.
+logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
 
 
 def __getattr__(name: str):

@@ -1,19 +1,27 @@
 """The ``memfit`` command: argument parsing and printing only; the work is in the library.
 
 Expected failures (``MemfitError``) print one line and exit 2; ``--debug`` shows the
-traceback instead.
+traceback instead. memfit's own warnings are one ``memfit: warning:`` line each; other
+libraries' warnings and logging below ERROR are shown only with ``--debug``.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
 import warnings
 from pathlib import Path
 
-from memfit._utils.errors import ConfigError, MemfitError, Stopped, is_disk_full
+from memfit._utils.errors import (
+    ConfigError,
+    MemfitError,
+    MemfitWarning,
+    Stopped,
+    is_disk_full,
+)
 from memfit._utils.sizes import format_bytes
 
 DESCRIPTION = "Fine-tune PyTorch models inside the GPU memory you actually have."
@@ -96,6 +104,8 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     if summary["eval_loss_before"] is not None:
         print(f"eval loss     {summary['eval_loss_before']:.4f} -> "
               f"{summary['eval_loss_after']:.4f}")
+    elif summary["eval_loss_after"] is not None:  # train.eval_at_start=false
+        print(f"eval loss     {summary['eval_loss_after']:.4f}")
     if summary.get("eval_accuracy") is not None:
         print(f"eval accuracy {summary['eval_accuracy']:.4f} (macro-F1 "
               f"{summary['eval_macro_f1']:.4f})")
@@ -134,7 +144,7 @@ def _command_merge(args: argparse.Namespace) -> int:
 def _command_plan(args: argparse.Namespace) -> int:
     import json
 
-    from memfit.plan.planner import load_plan_config, plan
+    from memfit.plan.planner import default_budget, load_plan_config, plan
     from memfit.plan.report import format_plan
 
     config_path, overrides = _split_arguments(args.arguments)
@@ -145,7 +155,11 @@ def _command_plan(args: argparse.Namespace) -> int:
 
         if args.devices not in (None, 1):
             raise ConfigError("--max-length plans one device; drop --devices")
-        longest = longest_fit(config, args.budget, device=args.device)
+        budget = default_budget(args.device) if args.budget is None else args.budget
+        if budget is None:
+            raise ConfigError("--max-length needs --budget (e.g. --budget 24GiB): there is no "
+                              "GPU here to take it from")
+        longest = longest_fit(config, budget, device=args.device)
         print(json.dumps(longest.to_json(), indent=2) if args.json
               else format_longest(longest, config))
         return 0
@@ -243,15 +257,19 @@ def build_parser() -> argparse.ArgumentParser:
     merge.set_defaults(handler=_command_merge)
 
     plan = commands.add_parser(
-        "plan", help="memory of every strategy for a budget, and which to use",
+        "plan", help="memory of every strategy, and which to use for a budget",
         description="Estimate, without allocating, what training would cost per strategy; "
-                    "mark what fits --budget and recommend one. Without CONFIG.yaml, "
+                    "with --budget (default: the GPU's memory, where one is present), mark "
+                    "what fits and recommend one. Without CONFIG.yaml, "
                     "name the model with an override, e.g. model.preset=llama-3.1-8b. With "
                     "--devices N, bytes and --budget are per device; data parallel (ddp) is "
                     "recommended when some strategy fits one device, FSDP2 (fsdp) otherwise.")
     plan.add_argument("arguments", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
-    plan.add_argument("--budget", required=True,
-                      help="device memory, e.g. 24GiB, 16GB, 8e9 (above 0, at most 1 EiB)")
+    plan.add_argument("--budget",
+                      help="device memory, e.g. 24GiB, 16GB, 8e9 (above 0, at most 1 EiB); "
+                           "marks what fits and recommends one; default: the GPU's memory "
+                           "where one is present (--device cuda), else every strategy's "
+                           "bytes with no fits column")
     plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                       help="cuda adds context and allocator overhead; cpu counts tensors only")
     plan.add_argument("--devices", type=int, metavar="N",
@@ -301,15 +319,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _one_line_warning(message, category, filename, lineno, line=None) -> str:
-    """Warnings as users read them: one line, no source location (``--debug`` keeps it)."""
-    return f"memfit: warning: {message}\n"
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """memfit's warnings as users read them: one line, no source location (``--debug``
+    keeps it); another library's (transformers' notes, PEFT's deprecations, torch's
+    advice to its own callers) is not something a memfit user can act on: dropped."""
+    if issubclass(category, MemfitWarning):
+        _say(f"memfit: warning: {message}")
+
+
+@contextlib.contextmanager
+def _quiet_libraries():
+    """Within, only memfit speaks: other libraries' warnings are dropped and their logging
+    below ERROR is off (transformers' "use_cache=True is incompatible with gradient
+    checkpointing", ...); their errors still show. Restored on return: main may run
+    in-process (tests, notebooks)."""
+    disabled = logging.root.manager.disable
+    with warnings.catch_warnings():  # restores warnings.showwarning too
+        warnings.showwarning = _show_warning
+        logging.disable(logging.WARNING)
+        try:
+            yield
+        finally:
+            logging.disable(disabled)
 
 
 def main(argv: list[str] | None = None) -> int:
-    # bitsandbytes tries an optional CPU kernel from a hub on import and warns when it
-    # cannot (always, offline); it falls back to its own kernel, so the warning is noise.
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     parser = build_parser()
     # Positionals after an option (`train --nproc 2 a=1 b=2`, `train cfg.yaml --nproc 2 x=1`)
     # come back unparsed: they continue the command's [CONFIG.yaml] [key=value ...].
@@ -326,16 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     if args.debug:
         return _run(args)
-    # Both restored on return: main may run in-process (tests, notebooks).
-    with warnings.catch_warnings():
-        # Libraries' notes to their own developers (e.g. PEFT calling a deprecated
-        # transformers attribute) are not something a memfit user can act on.
-        warnings.simplefilter("ignore", FutureWarning)
-        previous, warnings.formatwarning = warnings.formatwarning, _one_line_warning
-        try:
-            return _run(args)
-        finally:
-            warnings.formatwarning = previous
+    with _quiet_libraries():
+        return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -65,6 +65,15 @@ def test_all_labels_masked(tmp_path: Path):
                        "data.max_length")
 
 
+def test_a_hub_id_as_model_path_says_how_to_make_the_folder(tmp_path: Path,
+                                                           instructions: Path):
+    arguments = tiny_run_arguments(instructions, tmp_path / "out", "model.preset=null",
+                                   "model.path=HuggingFaceTB/SmolLM2-135M")
+    expect_clean_error(tmp_path, arguments, "models are local folders",
+                       "huggingface-cli download HuggingFaceTB/SmolLM2-135M --local-dir DIR",
+                       "snapshot_download")
+
+
 @pytest.mark.parametrize("factory, fragment", [
     ("no_such_package.models:build", "cannot import 'no_such_package.models'"),
     ("json:no_such_function", "has no 'no_such_function'"),

@@ -50,19 +50,36 @@ def test_lora_run_saves_a_peft_adapter(tmp_path: Path, instructions: Path):
     result = run_cli("train", *tiny_run_arguments(
         instructions, run_dir, "train.max_steps=3", "adapter.kind=lora", "adapter.rank=4",
         "adapter.targets=[q_proj, v_proj]", "memory.gradient_checkpointing=true",
-        "log.tensorboard=false"), cwd=tmp_path)
+        "log.tensorboard=false", "train.eval_at_start=false", "train.eval_max_batches=1"),
+        cwd=tmp_path)
     assert result.returncode == 0, result.stderr
+    # No step-0 evaluation: only the final one, over one micro-batch of the eval split.
+    evals = [r for r in read_metrics(run_dir) if "eval_loss" in r]
+    assert [r["step"] for r in evals] == [3]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["eval_loss_before"] is None and summary["eval_loss_after"] is not None
+    assert "eval loss     " in result.stdout
+    # A quiet CLI: memfit's lines only (its adapter map is indented below its first line);
+    # transformers' "use_cache=True is incompatible with gradient checkpointing" is not.
+    assert all(line.startswith(("memfit: ", "  ")) for line in result.stderr.splitlines()), (
+        result.stderr)
 
-    from peft import PeftModel
+    from peft import PeftModel, PeftModelForCausalLM
     from transformers import AutoModelForCausalLM
 
     from memfit.models.presets import tiny_llama
 
+    # What a PEFT user writes: the task type and the targets' names as a list.
+    saved = json.loads((run_dir / "adapter" / "adapter_config.json").read_text())
+    assert saved["task_type"] == "CAUSAL_LM"
+    assert sorted(saved["target_modules"]) == ["q_proj", "v_proj"]
     base = AutoModelForCausalLM.from_config(tiny_llama())
     adapted = PeftModel.from_pretrained(base, run_dir / "adapter")
-    lora_names = [name for name, _ in adapted.named_parameters() if "lora_" in name]
-    assert lora_names and all("q_proj" in n or "v_proj" in n for n in lora_names)
-    summary = json.loads((run_dir / "summary.json").read_text())
+    assert isinstance(adapted, PeftModelForCausalLM)  # the class AutoPeftModelForCausalLM wants
+    lora_names = [name for name, _ in adapted.named_parameters() if "lora_A" in name]
+    assert sorted(name.split(".lora_A")[0] for name in lora_names) == [
+        f"base_model.model.model.layers.{layer}.self_attn.{leaf}"
+        for layer in (0, 1) for leaf in ("q_proj", "v_proj")]
     assert summary["trainable_parameters"] < summary["total_parameters"] / 10
     # Checkpointing must not silently stop adapter gradients (transformers #26221).
     losses = [r["grad_norm"] for r in read_metrics(run_dir) if "loss" in r]

@@ -156,10 +156,14 @@ def test_a_forged_rank_is_refused_before_peft_allocates_it(run: Path):
 
 def test_target_modules_naming_a_module_the_base_lacks_is_refused(run: Path):
     config = json.loads((run / CONFIG).read_text())
-    extra = r"model\.layers\.9\.mlp\.up_proj"
-    rewrite_config(run, target_modules=config["target_modules"][:-2] + "|" + extra + ")$")
-    assert_refused(run, CONFIG, "target_modules", repr("model.layers.9.mlp.up_proj"),
-                   "no module of the base")
+    assert "up_proj" in config["target_modules"]  # the list PEFT users write, leaf names
+    extra = "model.layers.9.mlp.up_proj"
+    rewrite_config(run, target_modules=[*config["target_modules"], extra])
+    assert_refused(run, CONFIG, "target_modules", repr(extra), "no module of the base")
+    # An anchored alternation of exact names (what memfit wrote before) is read too.
+    names = [r"model\.layers\.0\.mlp\.up_proj", r"model\.layers\.9\.mlp\.up_proj"]
+    rewrite_config(run, target_modules="^(?:" + "|".join(names) + ")$")
+    assert_refused(run, CONFIG, "target_modules", repr(extra), "no module of the base")
 
 
 def test_target_modules_of_a_kind_peft_cannot_adapt_is_refused(run: Path):

@@ -15,6 +15,32 @@ def test_plan_json_is_one_object(tmp_path):
     assert set(plan) == {"devices", "config", "strategies", "skipped", "recommended", "reason"}
 
 
+def test_plan_without_a_budget_prints_every_strategy_quietly(tmp_path):
+    """No --budget and no GPU to take it from (--device cpu): every strategy's bytes, no
+    fits column, no recommendation; and nothing on stderr (transformers' notes, e.g.
+    "use_cache=True is incompatible with gradient checkpointing", stay behind --debug)."""
+    from memfit.plan import plan
+    from memfit.plan.planner import load_plan_config
+    from memfit.plan.strategies import strategies
+
+    arguments = ["model.preset=tiny-llama", "data.max_length=16"]
+    result = run_cli("plan", *arguments, "--device", "cpu", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""
+    lines = result.stdout.splitlines()
+    assert "no budget (cpu)" in lines[0]
+    header = lines[2].split()
+    assert header[0] == "strategy" and header[-1] == "host" and "fits" not in header
+    names = [name for name, _ in strategies(True, True)]
+    assert [line.split()[0] for line in lines[4:4 + len(names)]] == names
+    assert "recommended:" not in result.stdout and "--budget" in result.stdout
+    # The same plan as the library gives it: no fits, no recommendation.
+    planned = plan(load_plan_config(None, arguments), device="cpu")
+    assert planned.budget_bytes is None and planned.recommended is None
+    assert {row.fits for row in planned.strategies} == {None}
+    assert planned.to_json()["strategies"][0]["fits"] is None
+
+
 def test_plan_bad_budget_is_one_line_exit_2(tmp_path):
     result = run_cli("plan", "model.preset=tiny-llama", "--budget", "lots", cwd=tmp_path)
     assert result.returncode == 2

@@ -37,6 +37,23 @@ def build():
 '''
 
 
+# It also loads weights as many factories do (torch warns on meta that this is a no-op).
+COUNTER = '''
+
+def counted():
+    from pathlib import Path
+
+    import torch
+
+    with open(Path(__file__).with_name("calls.txt"), "a") as calls:
+        calls.write("built\\n")
+    model = build()
+    model.load_state_dict({name: torch.zeros(tensor.shape, dtype=tensor.dtype, device="cpu")
+                           for name, tensor in model.state_dict().items()})
+    return model
+'''
+
+
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
     """A saved random-weight BERT encoder, the factory module that loads it, its data and
@@ -75,10 +92,18 @@ def test_plan_builds_the_pretrained_architecture_on_meta(project: Path):
             == {name: p.shape for name, p in real.named_parameters()})
     assert planned.bert.classifier.out_features == 3
 
-    result = run_in_process("plan", str(project / "config.yaml"), "--budget", "1GiB",
-                            "--device", "cpu", "--json", cwd=project)
+    # The same factory, counting its calls in a file: planning every strategy runs it once,
+    # and torch's "copying from a non-meta parameter" is not shown, even with --debug.
+    counted = project / "counted.py"
+    counted.write_text((project / "classifier.py").read_text() + COUNTER)
+    result = run_in_process("--debug", "plan", str(project / "config.yaml"), "--budget",
+                            "1GiB", f"model.factory={counted}:counted", "--device", "cpu",
+                            "--json", cwd=project)
     assert result.returncode == 0, result.stderr
+    assert (project / "calls.txt").read_text() == "built\n"
+    assert "non-meta" not in result.stderr
     plan = json.loads(result.stdout)
+    assert len(plan["strategies"]) > 20
     # Full fine-tuning in fp32: every parameter and buffer of the real model, once each.
     tensors = {t.data_ptr(): t for t in [*real.parameters(), *real.buffers()]}
     real_bytes = sum(t.numel() * t.element_size() for t in tensors.values())

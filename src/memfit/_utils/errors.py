@@ -10,6 +10,12 @@ from __future__ import annotations
 import errno
 
 
+class MemfitWarning(UserWarning):
+    """Something the user should know and may act on (an ignored key, an out-of-memory
+    retry, a skipped step): the CLI shows each as one ``memfit: warning:`` line, and hides
+    other libraries' warnings unless ``--debug``."""
+
+
 class MemfitError(Exception):
     """Base class for failures caused by the user's input; exit status 2."""
 

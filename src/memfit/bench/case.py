@@ -12,7 +12,6 @@ records of its metrics.jsonl; peers run their loop (``bench.peers``) on the batc
 from __future__ import annotations
 
 import json
-import logging
 import sys
 from itertools import islice
 from pathlib import Path
@@ -49,9 +48,6 @@ def run_case(name: str, mapping: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
-    # As in memfit.cli: bitsandbytes warns on every import that an optional hub kernel is
-    # unreachable (always, offline) and falls back to its own; the warning is noise.
-    logging.getLogger("bitsandbytes.backends.cpu.ops").setLevel(logging.ERROR)
     spec_path, result_path = (Path(argument) for argument in argv)
     spec = json.loads(spec_path.read_text())
     records = run_case(spec["case"], spec["config"])

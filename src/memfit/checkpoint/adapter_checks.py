@@ -78,7 +78,8 @@ def _anything(_value: Any) -> bool:
 # with what is accepted. Every other LoraConfig field must hold PEFT's default.
 _FREE: dict[str, tuple[Callable[[Any], bool], str]] = {
     "peft_type": (lambda v: v == "LORA", '"LORA" (memfit merges LoRA adapters only)'),
-    "task_type": (lambda v: v in (None, "SEQ_CLS"), 'null or "SEQ_CLS"'),
+    "task_type": (lambda v: v in (None, "SEQ_CLS", "CAUSAL_LM"),
+                  'null, "SEQ_CLS" or "CAUSAL_LM"'),
     "r": (lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
           "a positive integer"),
     "lora_alpha": (_is_number, "a finite number"),
@@ -248,13 +249,13 @@ def read_parts(path: Path, target_modules: str | list[str]
         raw = json.loads(path.read_bytes())
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
         raise ConfigError(f"{path}: not a readable JSON file ({error})") from None
-    names = (exact_names(target_modules) if isinstance(target_modules, str)
-             else target_modules) or []
+    exact = exact_names(target_modules) if isinstance(target_modules, str) else None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: holds {_shown(raw)}, not an object of module -> parts")
     parts = {}
     for name, rows in raw.items():
-        if name not in names:
+        if not (name in (exact or []) if isinstance(target_modules, str)
+                else _list_names(target_modules, name)):
             raise ConfigError(f"{path}: {name!r} is not among the target_modules of "
                               f"{CONFIG_FILE}")
         if not _valid_rows(rows):
@@ -309,6 +310,12 @@ def check_inside(run_dir: Path, paths: Iterable[Path]) -> None:
                               "outside the run folder; copy the file into the run instead")
 
 
+def _list_names(entries: list[str], name: str) -> bool:
+    """A list ``target_modules`` names module ``name`` as PEFT reads it: an entry equal to
+    the name or to its last parts."""
+    return any(name == entry or name.endswith(f".{entry}") for entry in entries)
+
+
 def check_targets(path: Path, target_modules: str | list[str], names: list[str]) -> None:
     """Each module ``target_modules`` (checked by ``lora_settings``, in ``path``) names is
     one of the base's ``names``: PEFT adapts what matches and quietly skips the rest. An
@@ -316,8 +323,7 @@ def check_targets(path: Path, target_modules: str | list[str], names: list[str])
     exact = exact_names(target_modules) if isinstance(target_modules, str) else None
     present = set(names)
     for entry in exact or target_modules:
-        if not (entry in present if exact else
-                any(name == entry or name.endswith(f".{entry}") for name in names)):
+        if not (entry in present if exact else any(_list_names([entry], name) for name in names)):
             raise ConfigError(f"{path}: target_modules names {entry!r}, which is no module "
                               "of the base (an adapter of another model?)")
 

@@ -23,7 +23,6 @@ and names its modules relative to it, as PEFT does for a model that is that subm
 from __future__ import annotations
 
 import json
-import re
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,10 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
 from memfit._utils.atomic import staged_folder, write_text
-from memfit._utils.errors import CheckpointError
+from memfit._utils.errors import CheckpointError, MemfitWarning
 from memfit.checkpoint.state import buffer_state
 from memfit.models.export_module import exported_module, module_name, plain_module
-from memfit.techniques.lora import placed_parts
+from memfit.techniques.lora import peft_target_modules, placed_parts
 
 BUFFERS_FILE = "buffers.safetensors"
 PARTS_FILE = "parts.json"
@@ -139,14 +138,18 @@ def _rebase_adapter(folder: Path, factory_module: nn.Module, inner: nn.Module) -
     from peft.tuners.tuners_utils import BaseTunerLayer
     from peft.utils.other import AuxiliaryTrainingWrapper
 
+    wrappers = [name for name, module in inner.named_modules()
+                if isinstance(module, (BaseTunerLayer, AuxiliaryTrainingWrapper))]
     adapted = [name for name, module in inner.named_modules()
                if isinstance(module, BaseTunerLayer)]
     trained = [name for name, module in inner.named_modules()
                if isinstance(module, AuxiliaryTrainingWrapper)]
+    # The names of inner's modules as they are without adapters (a wrapper's inside left out)
+    plain = [name for name, _ in inner.named_modules()
+             if name and not any(name.startswith(f"{wrapper}.") for wrapper in wrappers)]
     config_path = folder / "adapter_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    # Exact names, as techniques.lora targets them: PEFT full-matches a string pattern.
-    config["target_modules"] = "^(?:" + "|".join(re.escape(name) for name in adapted) + ")$"
+    config["target_modules"] = peft_target_modules(adapted, plain)
     config["modules_to_save"] = trained or None
     write_text(config_path, json.dumps(config, indent=2, sort_keys=True))
     weights_path = folder / "adapter_model.safetensors"
@@ -165,7 +168,8 @@ def load_trained_buffers(adapter_dir: Path, model: nn.Module) -> None:
         if buffer_state(model):
             warnings.warn(f"{adapter_dir} has no {BUFFERS_FILE} (exported by an older memfit): "
                           "the merged model keeps its buffers (e.g. BatchNorm running "
-                          "statistics) as built, not as training left them", stacklevel=2)
+                          "statistics) as built, not as training left them", MemfitWarning,
+                          stacklevel=2)
         return
     try:
         saved = load_file(path)

@@ -13,6 +13,7 @@ import warnings
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
+from memfit._utils.errors import MemfitWarning
 from memfit.config.load import to_mapping
 from memfit.config.schema import (
     AdapterKind,
@@ -27,7 +28,7 @@ from memfit.config.schema import (
 )
 
 
-class IgnoredKeyWarning(UserWarning):
+class IgnoredKeyWarning(MemfitWarning):
     """A key was set, but the rest of the config makes it do nothing."""
 
 

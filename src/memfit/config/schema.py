@@ -436,6 +436,11 @@ class MemoryConfig:
     )
     auto: bool = doc("Apply the planner's recommended strategy for memory.budget.",
                      default=False)
+    auto_keep_adapters: bool = doc(
+        "memory.auto (and memfit plan's recommendation): choose among the strategies that "
+        "train adapters (lora, qlora) only, never a full fine-tune.",
+        default=False,
+    )
     recover_from_oom: bool = doc(
         "On out-of-memory in forward/backward, halve the micro-batch (doubling accumulation) "
         "or offload activations, and retry the same step.",
@@ -466,6 +471,16 @@ class TrainConfig:
     )
     eval_every: int = doc("Evaluate every N optimizer steps (0: only at the end).",
                           limits=(0, MAX_STEPS), default=0)
+    eval_max_batches: int | None = doc(
+        "Evaluate on at most this many batches of train.micro_batch_size examples: the "
+        "eval split's first ones, the same each time; unset: the whole eval split.",
+        limits=(1, MAX_STEPS), default=None,
+    )
+    eval_at_start: bool = doc(
+        "Evaluate before the first step too (step 0, the summary's eval loss before "
+        "training); false: only every train.eval_every steps and at the end.",
+        default=True,
+    )
     save_every: int = doc("Save a checkpoint every N optimizer steps (0: only at the end).",
                           limits=(0, MAX_STEPS), default=0)
     keep_checkpoints: int = doc("How many of the newest checkpoints to keep.",

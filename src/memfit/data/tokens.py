@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from memfit._utils.errors import DataError
+from memfit._utils.errors import DataError, MemfitWarning
 
 # The label value that torch's cross_entropy (and every HF causal-LM loss) skips.
 IGNORE_INDEX = -100
@@ -130,4 +130,5 @@ def warn_or_raise_on_dropped(
             "raise data.max_length or shorten the prompts"
         )
     if dropped:
-        warnings.warn(f"dropped {dropped} of {total} rows with {why}", stacklevel=3)
+        warnings.warn(f"dropped {dropped} of {total} rows with {why}", MemfitWarning,
+                      stacklevel=3)

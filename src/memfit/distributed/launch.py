@@ -112,11 +112,12 @@ def _launcher_state(outcomes: Path) -> Iterator[None]:
                 for number in (signal.SIGINT, signal.SIGTERM)}
     handlers.update({number: signal.getsignal(number) for number in (signal.SIGHUP,
                                                                      signal.SIGQUIT)})
+    disabled = logging.root.manager.disable  # the CLI's own quiet level, kept afterwards
     logging.disable(logging.CRITICAL)
     try:
         yield
     finally:
-        logging.disable(logging.NOTSET)
+        logging.disable(disabled)
         for number, handler in handlers.items():
             signal.signal(number, signal.SIG_DFL if handler is None else handler)
         os.environ.clear()

@@ -10,6 +10,7 @@ header says. A .bin file from ``torch.save`` is a zip archive, whose directory i
 from __future__ import annotations
 
 import json
+import re
 import struct
 import zipfile
 from pathlib import Path
@@ -18,10 +19,33 @@ from memfit._utils.errors import ModelError
 
 # Larger headers are not safetensors (its own reader refuses them too).
 MAX_HEADER_BYTES = 100 * 1024 * 1024
+# A Hugging Face Hub repository id: OWNER/NAME (letters, digits, '-', '_', '.').
+_HUB_ID = re.compile(r"[\w\-][\w.\-]*/[\w\-][\w.\-]*")
+
+
+def check_folder_exists(folder: Path) -> None:
+    """``model.path`` is a folder here. A missing one that ends like a Hub id (OWNER/NAME,
+    which a relative model.path became beside the config) gets how to make the folder:
+    memfit never downloads."""
+    if folder.is_dir():
+        return
+    if folder.exists():
+        raise ModelError(f"model.path={folder} is a file; a Hugging Face model folder (with "
+                         "config.json) is needed")
+    hub_id = "/".join(folder.parts[-2:])
+    if _HUB_ID.fullmatch(hub_id):
+        raise ModelError(f"model.path={folder}: no such folder; models are local folders "
+                         f"(memfit downloads nothing): for the Hub's {hub_id}, make one with "
+                         f"`huggingface-cli download {hub_id} --local-dir DIR` (or "
+                         f"huggingface_hub.snapshot_download({hub_id!r}, local_dir=DIR)) and "
+                         "set model.path=DIR")
+    raise ModelError(f"model.path={folder}: no such folder (a Hugging Face model folder with "
+                     "config.json is needed)")
 
 
 def check_config_json(folder: Path) -> None:
-    """config.json exists and holds a JSON object."""
+    """The folder exists, and its config.json exists and holds a JSON object."""
+    check_folder_exists(folder)
     path = folder / "config.json"
     if not path.is_file():
         raise ModelError(f"model.path={folder} is not a Hugging Face model folder "

@@ -21,7 +21,7 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
-from memfit._utils.errors import ModelError, first_line
+from memfit._utils.errors import MemfitWarning, ModelError, first_line
 from memfit.config.schema import ImagesConfig, ModelConfig, ModelDtype, Task
 from memfit.models.classifier import head_names, label_arguments
 from memfit.models.folder_checks import check_config_json, check_weight_files
@@ -166,7 +166,7 @@ def _load_classifier(folder: Path, labels: tuple[str, ...], dtype: torch.dtype,
             f"model.path={folder}: {len(elsewhere)} weights outside the classification head "
             f"({', '.join(sorted(head))}) are not in the checkpoint and start random (e.g. "
             f"{elsewhere[0]}); with adapters they stay so unless adapter.trainable_modules "
-            "names their modules", stacklevel=3)
+            "names their modules", MemfitWarning, stacklevel=3)
     return model
 
 

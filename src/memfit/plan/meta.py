@@ -9,6 +9,9 @@ quantized without data, so QLoRA's bitsandbytes layers are stood in for by
 
 A factory runs under the meta device with ``from_pretrained`` building from the folder's
 ``config.json`` (``plan.pretrained_on_meta``), so wrapping a pretrained model plans too.
+It runs once per factory (and version of its file): every strategy planned starts from a
+copy of that meta model, as building it may take a while (a ``from_pretrained`` reading
+config files, a ``load_state_dict`` reading a weight file only to drop it on meta).
 
 Hugging Face models can be built with fewer layers (``layers=``) so the planner can trace
 activations of a 70B model in seconds and extrapolate per layer.
@@ -21,6 +24,7 @@ model.num_labels, or the folder's own config), trained in full beside adapters.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +34,7 @@ from torch import nn
 from memfit._utils.errors import ModelError
 from memfit.config.schema import Config, Task
 from memfit.models.classifier import label_arguments, with_classes
+from memfit.models.folder_checks import check_config_json
 from memfit.models.load import build_image_preset, import_object
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
 from memfit.plan.pretrained_on_meta import from_pretrained_on_meta
@@ -62,9 +67,7 @@ def hf_config(config: Config):
         return PRESETS[model.preset]()
     if model.path:
         folder = Path(model.path)
-        if not (folder / "config.json").is_file():
-            raise ModelError(f"model.path={folder} is not a Hugging Face model folder "
-                             "(no config.json)")
+        check_config_json(folder)
         return AutoConfig.from_pretrained(folder)
     return None
 
@@ -160,15 +163,47 @@ def _from_hf_config(transformers_config, task: Task) -> nn.Module:
         return classes[task].from_config(transformers_config)
 
 
+# (model.factory, its file's modification time and size) -> the module it built on meta
+_FACTORY_MODELS: dict[tuple, nn.Module] = {}
+
+
 def _from_factory(config: Config) -> nn.Module:
-    factory = import_object(config.model.factory, "model.factory")
+    """A copy of what ``model.factory`` builds on meta; the factory runs once per version of
+    its file (a plan calls this for every strategy; the techniques change the copy)."""
+    reference = config.model.factory
+    key = (reference, *_file_version(reference))
+    if key not in _FACTORY_MODELS:
+        _FACTORY_MODELS[key] = _run_factory(reference)
     try:
-        with torch.device("meta"), from_pretrained_on_meta():
+        return copy.deepcopy(_FACTORY_MODELS[key])
+    except Exception:  # noqa: BLE001  (something in the module that cannot be copied)
+        return _run_factory(reference)
+
+
+def _file_version(reference: str) -> tuple[int, int] | tuple[()]:
+    """A factory file's (modification time, size): an edited file is built again."""
+    module, _, _ = reference.rpartition(":")
+    if not module.endswith(".py"):
+        return ()  # an imported module: Python keeps its first import too
+    try:
+        status = Path(module).stat()
+    except OSError:
+        return ()  # import_object says what is wrong with it
+    return status.st_mtime_ns, status.st_size
+
+
+def _run_factory(reference: str) -> nn.Module:
+    factory = import_object(reference, "model.factory")
+    try:
+        with torch.device("meta"), from_pretrained_on_meta(), warnings.catch_warnings():
+            # A load_state_dict into the meta model is the no-op planning wants: torch warns
+            # once per parameter that copying into a meta tensor does nothing.
+            warnings.filterwarnings("ignore", message=".*copying from a non-meta parameter")
             model = factory()
     except Exception as error:  # noqa: BLE001  (the user's code failed; say where)
-        raise ModelError(f"model.factory={config.model.factory!r} raised {error!r} while "
-                         "being built on the meta device") from None
+        raise ModelError(f"model.factory={reference!r} raised {error!r} while being built "
+                         "on the meta device") from None
     if not isinstance(model, nn.Module):
-        raise ModelError(f"model.factory={config.model.factory!r} returned "
-                         f"{type(model).__name__}, not an nn.Module")
+        raise ModelError(f"model.factory={reference!r} returned {type(model).__name__}, not "
+                         "an nn.Module")
     return model

@@ -4,6 +4,9 @@ the largest micro-batch that fits with the accumulation keeping the effective ba
 ``recommend`` (auto-fit) and ``strategies.next_cheaper`` (OOM recovery) are what the
 training side uses; ``refuse_if_too_large`` is the check ``memfit train`` makes before
 building a model for real.
+
+Without a budget every strategy is still planned; only what fits (and so the
+recommendation) needs one, which defaults to the GPU's memory where one is present.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from memfit._utils.errors import ConfigError, MemfitError, OutOfMemoryPlanError
 from memfit._utils.sizes import format_bytes, parse_bytes
@@ -36,7 +41,7 @@ class StrategyEstimate:
     name: str  # the ladder strategy; over several devices prefixed "ddp:" or "fsdp:"
     overrides: Overrides  # over several devices with distributed.strategy and .nproc
     estimate: Estimate  # bytes on one device
-    fits: bool
+    fits: bool | None  # None: no budget to fit
 
     @property
     def distributed(self) -> str:
@@ -45,7 +50,7 @@ class StrategyEstimate:
 
 @dataclass(frozen=True)
 class Plan:
-    budget_bytes: int  # per device
+    budget_bytes: int | None  # per device; None: no budget given and no GPU to take it from
     device: str
     devices: int  # processes, one device each
     config: Estimate  # exactly the given configuration, under its own distributed.strategy
@@ -70,20 +75,23 @@ class Plan:
         }
 
 
-def plan(config: Config, budget: str | int, device: str = "cuda",
+def plan(config: Config, budget: str | int | None = None, device: str = "cuda",
          example_batch: ExampleBatch | None = None, devices: int | None = None) -> Plan:
     """Plan ``config`` against ``budget`` ("24GiB", bytes) on ``device`` ("cuda" adds the
     CUDA context and allocator slack; "cpu" counts tensors only, as the CPU tracker does).
+    ``budget`` None: the GPU's memory when planning for cuda where a GPU is present (as
+    ``default_budget``); without one, every strategy's bytes and no fits or recommendation.
     ``example_batch``: one micro-batch of inputs, needed for model.factory models.
     ``devices`` (default: distributed.nproc) > 1: bytes per device of training as that many
     processes, every strategy both under ddp (each holds the whole model) and under fsdp
     (sharded), with the micro-batch per device; what FSDP2 cannot train is skipped for
     fsdp, with the reason. The given config is planned under its own distributed.strategy
-    (ddp when it names none)."""
+    (ddp when it names none). With memory.auto_keep_adapters only the strategies with
+    adapters are planned and recommended (the others are skipped, with that reason)."""
     check_max_length(config)
-    budget_bytes = parse_budget(budget)
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"device={device!r} is not one of: cuda, cpu")
+    budget_bytes = default_budget(device) if budget is None else parse_budget(budget)
     devices = config.distributed.nproc if devices is None else devices
     check_count("--devices", devices, 1, MAX_DEVICES)
     own = config.distributed.strategy
@@ -93,6 +101,9 @@ def plan(config: Config, budget: str | int, device: str = "cuda",
     given = estimate(config, device, example_batch)
     rows, skipped = [], {}
     for name, overrides in _candidates(config, devices):
+        if config.memory.auto_keep_adapters and overrides["adapter.kind"] == AdapterKind.NONE.value:
+            skipped[name] = "memory.auto_keep_adapters=true keeps adapters"
+            continue
         candidate = with_overrides(config, overrides)
         why_not = strategy_for(candidate).refusal(candidate)
         if why_not is not None:
@@ -106,11 +117,28 @@ def plan(config: Config, budget: str | int, device: str = "cuda",
         except RuntimeError as error:  # an op the fake-tensor trace cannot run here
             skipped[name] = f"could not be traced ({str(error).splitlines()[0]})"
             continue
-        rows.append(StrategyEstimate(name, overrides, row, row.device_bytes <= budget_bytes))
-    chosen, micro_batch, reason = _choose(config, rows, budget_bytes, device, example_batch)
+        fits = None if budget_bytes is None else row.device_bytes <= budget_bytes
+        rows.append(StrategyEstimate(name, overrides, row, fits))
+    if budget_bytes is None:
+        chosen, micro_batch, reason = None, {}, NO_BUDGET
+    else:
+        chosen, micro_batch, reason = _choose(config, rows, budget_bytes, device,
+                                              example_batch)
     overrides = {**chosen.overrides, **micro_batch} if chosen else {}
     return Plan(budget_bytes, device, devices, given, config.distributed.strategy.value, rows,
                 skipped, chosen.name if chosen else None, overrides, reason)
+
+
+NO_BUDGET = ("no budget given and no GPU here to take it from: every strategy's bytes, "
+             "but what fits and which to use need a budget")
+
+
+def default_budget(device: str) -> int | None:
+    """The budget when none is given: the first GPU's memory when planning for ``cuda``
+    where one is present (what ``memfit train`` would have), else None."""
+    if device == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory
+    return None
 
 
 def _distributed(strategy: DistributedStrategy, devices: int) -> Overrides:

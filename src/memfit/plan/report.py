@@ -36,25 +36,31 @@ def format_plan(result: Plan, config: Config) -> str:
     model = config.model.preset or config.model.path or config.model.factory
     devices = (f", {result.devices} devices (bytes per device; ddp: each holds the whole "
                "model, fsdp: sharded)" if result.devices > 1 else "")
+    budget = result.budget_bytes
     lines = [f"memfit plan: {model}, micro-batch {_micro_batch(config)}, "
-             f"{config.train.gradient_accumulation_steps} accumulation steps, budget "
-             f"{format_bytes(result.budget_bytes)} ({result.device}){devices}", ""]
-    header = ["strategy", *_COLUMNS, "fits", "peak at"]
+             f"{config.train.gradient_accumulation_steps} accumulation steps, "
+             f"{'no budget' if budget is None else 'budget ' + format_bytes(budget)} "
+             f"({result.device}){devices}", ""]
+    # Without a budget there is nothing to fit: no "fits" column.
+    fits = [] if budget is None else ["fits"]
+    header = ["strategy", *_COLUMNS, *fits, "peak at"]
     given = ("config (as given)" if result.devices == 1
              else f"config (as given, {result.config_distributed})")
     rows = [[given, *_cells(result.config),
-             "yes" if result.config.device_bytes <= result.budget_bytes else "no",
+             *(["yes" if result.config.device_bytes <= budget else "no"] if fits else []),
              result.config.peak_moment.name]]
     for strategy in result.strategies:
         mark = "yes" if strategy.fits else "no"
         if strategy.name == result.recommended:
             size = result.recommended_overrides["train.micro_batch_size"]
             mark = ("yes" if strategy.fits else f"at micro-batch {size}") + " <- recommended"
-        rows.append([strategy.name, *_cells(strategy.estimate), mark,
+        rows.append([strategy.name, *_cells(strategy.estimate), *([mark] if fits else []),
                      strategy.estimate.peak_moment.name])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        cells = [cell.ljust(width) if i in (0, len(row) - 2, len(row) - 1) else cell.rjust(width)
+        # Names, the fits mark and the moment left; bytes right.
+        left = (0, len(row) - 2, len(row) - 1) if fits else (0, len(row) - 1)
+        cells = [cell.ljust(width) if i in left else cell.rjust(width)
                  for i, (cell, width) in enumerate(zip(row, widths, strict=True))]
         lines.append("  ".join(cells).rstrip())
     lines.append("")
@@ -62,8 +68,11 @@ def format_plan(result: Plan, config: Config) -> str:
     lines.append(f"{given} peaks at the {moment.name}: {moment.why}")
     for why, names in _by_reason(result.skipped).items():
         lines.append(f"not planned: {', '.join(names)}: {why}")
-    recommended = result.recommended or "none"
-    lines.append(f"recommended: {recommended}: {result.reason}")
+    if budget is None:
+        lines.append("what fits: give --budget (e.g. --budget 24GiB) to mark what fits and "
+                     "get a recommendation")
+    else:
+        lines.append(f"recommended: {result.recommended or 'none'}: {result.reason}")
     if result.recommended_overrides:
         lines.append("apply with:  " + " ".join(
             f"{key}={_value(value)}" for key, value in result.recommended_overrides.items()))

@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from memfit._utils.errors import MemfitWarning
 from memfit.config.schema import AdapterConfig
 from memfit.techniques.lora import FUSED_QKV, placed_parts
 
@@ -108,7 +109,8 @@ def adapter_map(model: nn.Module, config: AdapterConfig) -> AdapterMap:
                       f"({', '.join(fused)}) whole (their rows are not laid out as q, k, v "
                       "blocks): their adapters change k as well as q and v; "
                       "leave them out with adapter.restrict_to or name them in "
-                      "adapter.targets to adapt them knowingly", stacklevel=2)
+                      "adapter.targets to adapt them knowingly", MemfitWarning,
+                      stacklevel=2)
     return AdapterMap(tuple(config.targets), groups,
                       tuple(TrainedGroup(pattern, count) for pattern, count in trained.items()),
                       frozen)

@@ -9,7 +9,10 @@ error that lists what could have matched.
 
 A sequence classifier's new head (``models.classifier.head_names``) is never adapted: it
 starts random, so it trains in full beside the adapters, and the adapter is saved with
-PEFT's ``task_type=SEQ_CLS``, as PEFT itself does for that task.
+PEFT's ``task_type=SEQ_CLS``, as PEFT itself does for that task; a Hugging Face causal LM's
+with ``CAUSAL_LM``, so ``AutoPeftModelForCausalLM`` loads it; any other module's with
+none (a plain ``PeftModel``).
+The saved ``target_modules`` is the list a PEFT user would write (``peft_target_modules``).
 """
 
 from __future__ import annotations
@@ -207,6 +210,7 @@ def apply(model: nn.Module, config: AdapterConfig,
     trainable = [name for name in resolve_trainable_modules(model, config.trainable_modules)
                  if not inside_parts(name, classifier_head)]
     trainable += [name for name in classifier_head if name not in HEAD_SUFFIXES]
+    modules = dict(model.named_modules())
     overlap = sorted(set(targets) & set(trainable))
     if overlap:
         raise ConfigError(f"adapter.trainable_modules and adapter.targets both name {overlap[0]}"
@@ -214,21 +218,50 @@ def apply(model: nn.Module, config: AdapterConfig,
     lora = LoraConfig(
         r=config.rank, lora_alpha=config.alpha, lora_dropout=config.dropout,
         use_rslora=config.rslora, use_dora=config.dora,
-        # An anchored alternation of exact names: PEFT full-matches a string target, so
-        # 'fc' cannot also catch 'encoder.fc' as a suffix match would.
-        target_modules="^(?:" + "|".join(re.escape(name) for name in targets) + ")$",
+        target_modules=peft_target_modules(targets, [name for name in modules if name]),
         modules_to_save=trainable or None,
         task_type="SEQ_CLS" if classifier_head else None,
     )
-    modules = dict(model.named_modules())
     lora_layers.register(lora, {id(modules[name]): rows for name, rows in placement.items()
                                 if rows is not None})
     # PEFT keeps adapter weights in fp32 even on a bf16/4-bit base (autocast_adapter_dtype).
     try:
-        return get_peft_model(model, lora)
+        adapted = get_peft_model(model, lora)
     except ValueError as error:  # PEFT's word on a setting for a layer (e.g. DoRA on MHA)
         reason = " ".join(str(error).split())
         raise ConfigError(f"adapter: PEFT cannot apply LoRA as configured: {reason}") from None
+    if not classifier_head and _generates(model):
+        # For the saved adapter_config.json only (PEFT reads task_type when saving and
+        # loading): loaded, it is a PeftModelForCausalLM, as AutoPeftModelForCausalLM
+        # expects; training keeps the plain wrapper's forward, as it always has.
+        adapted.peft_config[adapted.active_adapter].task_type = "CAUSAL_LM"
+    return adapted
+
+
+def peft_target_modules(targets: Sequence[str], names: Sequence[str]) -> list[str] | str:
+    """``targets`` (full module names) as PEFT's ``target_modules``, in the shortest form that
+    PEFT's own matching reads back as exactly ``targets`` among the model's module
+    ``names``: their last parts (``["q_proj", "v_proj"]``, as a PEFT user writes them), else
+    the full names (a list entry matches a name equal to it or ending in ``.entry``), else
+    an anchored alternation of the exact names, which PEFT full-matches (a full name that
+    ends another's: ``fc`` beside ``encoder.fc``)."""
+    from peft import LoraConfig
+    from peft.tuners.tuners_utils import check_target_module_exists
+
+    wanted = set(targets)
+    for entries in (sorted({_leaf(name) for name in targets}), sorted(wanted)):
+        config = LoraConfig(target_modules=entries)
+        if {name for name in names if check_target_module_exists(config, name)} == wanted:
+            return entries
+    return "^(?:" + "|".join(re.escape(name) for name in targets) + ")$"
+
+
+def _generates(model: nn.Module) -> bool:
+    """A Hugging Face model that generates text: what PEFT's ``PeftModelForCausalLM``
+    (task type CAUSAL_LM) wraps; it needs ``prepare_inputs_for_generation``."""
+    from transformers import GenerationMixin, PreTrainedModel
+
+    return isinstance(model, PreTrainedModel) and isinstance(model, GenerationMixin)
 
 
 def placed_parts(model: nn.Module) -> dict[str, Rows]:

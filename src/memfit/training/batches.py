@@ -51,6 +51,9 @@ class BatchStream:
 
 
 def eval_batches(dataset: Sequence, batch_size: int,
-                 collate: Callable[[list], dict[str, torch.Tensor]]):
-    for start in range(0, len(dataset), batch_size):
-        yield collate([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+                 collate: Callable[[list], dict[str, torch.Tensor]], limit: int | None = None):
+    """``dataset`` in order, ``batch_size`` items at a time; only its first ``limit`` items
+    when given (a cap in items stays the same set when an OOM halves the batch)."""
+    end = len(dataset) if limit is None else min(limit, len(dataset))
+    for start in range(0, end, batch_size):
+        yield collate([dataset[i] for i in range(start, min(start + batch_size, end))])

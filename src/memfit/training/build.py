@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from memfit import distributed
+from memfit._utils.errors import MemfitWarning
 from memfit.config.schema import AdapterKind, Config
 from memfit.data import Splits, build_datasets, collate
 from memfit.distributed.ddp import Replicas
@@ -117,7 +118,7 @@ def warn_if_smaller_than_a_micro_batch(config: Config, train_examples: int,
         f"of {micro_batch} (train.micro_batch_size={config.train.micro_batch_size}"
         f"{processes}): each micro-batch repeats examples, drawn from a fresh shuffle each "
         f"pass; {total_steps} optimizer steps make {passes:.3g} passes over them",
-        stacklevel=2)
+        MemfitWarning, stacklevel=2)
 
 
 def load_base(config: Config) -> LoadedModel:

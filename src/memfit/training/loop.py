@@ -20,8 +20,8 @@ Distributed (memfit.distributed): each rank runs its share of every micro-batch;
 and the step loss are summed over ranks, so the loss is normalised over the GLOBAL
 effective batch and FSDP and DDP sum (not average) the gradients; the verdict on a non-finite step
 follows from that loss and the global norm, and a stop signal on any rank is summed at each
-step boundary, so all ranks stop at the same step. Every rank evaluates the whole
-eval split (FSDP's all-gathers need all ranks in every forward). An OOM is not retried:
+step boundary, so all ranks stop at the same step. Every rank evaluates the same
+eval items (FSDP's all-gathers need all ranks in every forward). An OOM is not retried:
 the ranks would disagree on the micro-batch, so the job stops with the error.
 """
 
@@ -40,7 +40,7 @@ import torch
 
 from memfit import distributed
 from memfit._utils.atomic import write_text
-from memfit._utils.errors import OutOfMemoryPlanError
+from memfit._utils.errors import MemfitWarning, OutOfMemoryPlanError
 from memfit.checkpoint import TrainerState, save_checkpoint
 from memfit.config import to_yaml
 from memfit.config.schema import AdapterKind
@@ -75,8 +75,9 @@ class LoopResult:
 
 
 def evaluate(run: Run) -> dict[str, float] | None:
-    """The objective's metrics over the whole eval split (None when there is none):
-    ``loss`` (mean per item) and those of its task (``Objective.eval_metrics``)."""
+    """The objective's metrics over the eval split, or its first train.eval_max_batches
+    micro-batches (None when there is none): ``loss`` (mean per item) and those of its task
+    (``Objective.eval_metrics``)."""
     if len(run.splits.eval) == 0:
         return None
     run.model.eval()
@@ -85,7 +86,9 @@ def evaluate(run: Run) -> dict[str, float] | None:
     # FSDP2 reuses its all-gather buffers in training, which inference tensors cannot be.
     no_grad = torch.no_grad() if distributed.is_distributed() else torch.inference_mode()
     with no_grad, autocast(run.config.precision, run.device):
-        for batch in eval_batches(run.splits.eval, run.eval_batch_size, run.collate):
+        max_batches = run.config.train.eval_max_batches
+        limit = None if max_batches is None else max_batches * run.config.train.micro_batch_size
+        for batch in eval_batches(run.splits.eval, run.eval_batch_size, run.collate, limit):
             batch = to_device(batch, run.device, run.config.precision)
             for name, value in run.objective.eval_sums(run.model, batch).items():
                 value = value.to("cpu", torch.float64)  # float64: sums over the whole split
@@ -118,7 +121,7 @@ def _apply_rung(run: Run, rung: Rung, stream: BatchStream, logger: MetricsLogger
     stream.micro_batch_size = rung.config.train.micro_batch_size
     logger.log({"step": step, "event": "out_of_memory", "change": rung.description})
     warnings.warn(f"out of memory at step {step}; retrying with {rung.description}",
-                  stacklevel=2)
+                  MemfitWarning, stacklevel=2)
 
 
 def _host_bytes(run: Run) -> dict[str, int]:
@@ -154,7 +157,7 @@ def _evaluate_within_memory(run: Run, meter: MemoryMeter, step: int) -> dict[str
             raise _out_of_memory(run, "in evaluation", step, failure)
         run.eval_batch_size = smaller
         warnings.warn(f"out of memory in evaluation; eval batch size -> {smaller}",
-                      stacklevel=2)
+                      MemfitWarning, stacklevel=2)
 
 
 def _save(run: Run, run_dir: Path, state: TrainerState, guard: DivergenceGuard) -> Path:
@@ -196,7 +199,8 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
     guard = DivergenceGuard(run.config, started_from if started_from.is_dir() else None,
                             scaler_checks_gradients=run.scaler is not None)
     if state.step == 0:
-        metrics = _evaluate_within_memory(run, meter, 0)
+        metrics = (_evaluate_within_memory(run, meter, 0) if run.config.train.eval_at_start
+                   else None)
         if metrics is not None:
             logger.log(_eval_record(0, metrics))
             result.eval_losses[0] = metrics["loss"]

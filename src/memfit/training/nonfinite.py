@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from memfit import distributed
-from memfit._utils.errors import TrainingDiverged
+from memfit._utils.errors import MemfitWarning, TrainingDiverged
 from memfit.config import Config
 from memfit.config.schema import NonfiniteAction
 
@@ -90,7 +90,7 @@ class DivergenceGuard:
         self.skipped_steps += 1
         warnings.warn(f"{self.problem} at step {step}; its update was skipped "
                       f"({self.consecutive_skips} in a row, train.max_consecutive_skips={limit})",
-                      stacklevel=2)
+                      MemfitWarning, stacklevel=2)
         return Verdict.SKIP
 
     def diverged(self, step: int) -> TrainingDiverged:

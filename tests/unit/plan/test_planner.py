@@ -72,6 +72,18 @@ def test_json_schema_is_the_documented_one_and_the_table_marks_the_choice():
     json.dumps(result)
 
 
+def test_auto_keep_adapters_recommends_only_strategies_with_adapters():
+    """Everything fits 64 MiB, where full-adamw is preferred; kept to adapters, lora is."""
+    config = preset("tiny-llama", "memory.auto_keep_adapters=true")
+    planned = plan(config, "64MiB", device="cpu")
+    assert planned.recommended == "lora"
+    assert {row.overrides["adapter.kind"] for row in planned.strategies} == {"lora", "qlora"}
+    full = [name for name, overrides in strategies(True, True)
+            if overrides["adapter.kind"] == "none"]
+    assert sorted(planned.skipped) == sorted(full)
+    assert "not planned: full-adamw, " in format_plan(planned, config)
+
+
 def test_recommendation_follows_preference_and_proposes_a_micro_batch():
     config = preset("tiny-llama", "train.micro_batch_size=8")
     smallest_full_adamw = estimate(with_overrides(config, {

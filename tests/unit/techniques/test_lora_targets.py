@@ -115,3 +115,34 @@ def test_plain_module_adapter_saves_and_loads_with_peft(tmp_path):
     torch.manual_seed(0)
     loaded = PeftModel.from_pretrained(Autoencoder(), tmp_path)
     torch.testing.assert_close(loaded(images), model(images))
+
+
+class _Nested(torch.nn.Module):
+    """``fc`` at the top and inside two parts: a leaf name alone is ambiguous here."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.encoder = torch.nn.Sequential()
+        self.encoder.add_module("fc", torch.nn.Linear(4, 4))
+        self.decoder = torch.nn.Sequential()
+        self.decoder.add_module("fc", torch.nn.Linear(4, 4))
+
+
+@pytest.mark.parametrize("targets, saved", [
+    (["fc", "encoder.fc", "decoder.fc"], ["fc"]),
+    (["encoder.fc", "decoder.fc"], ["decoder.fc", "encoder.fc"]),
+    (["fc"], r"^(?:fc)$"),  # "fc" in a list would also match encoder.fc
+])
+def test_saved_target_modules_are_what_peft_reads_back_as_the_targets(targets, saved):
+    from peft import LoraConfig, get_peft_model
+    from peft.tuners.lora import LoraLayer
+
+    names = [name for name, _ in _Nested().named_modules() if name]
+    found = lora.peft_target_modules(targets, names)
+    assert found == saved
+    # Oracle: PEFT itself adapts exactly the targets with it.
+    adapted = get_peft_model(_Nested(), LoraConfig(r=2, target_modules=found))
+    assert sorted(name.removeprefix("base_model.model.")
+                  for name, module in adapted.named_modules()
+                  if isinstance(module, LoraLayer)) == sorted(targets)
