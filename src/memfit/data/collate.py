@@ -21,9 +21,10 @@ def collate(
 
     Token examples (those with ``input_ids``) are padded on the right to the longest in
     the batch: input_ids with ``pad_token_id``, and attention_mask (0), labels (-100) and
-    position_ids (0) where they hold one value per token, giving (batch, longest) tensors. Everything else
-    — a label per example (0-d), images, all fields of examples without input_ids — is
-    stacked as it is. ``pad_token_id`` may be None only when no padding is needed.
+    position_ids (0) where they hold one value per token, giving (batch, longest)
+    tensors. Everything else — a label per example (0-d), images, all fields of examples
+    without input_ids — is stacked as it is. ``pad_token_id`` may be None only when no
+    padding is needed.
     """
     if not examples:
         raise ValueError("collate needs at least one example")
