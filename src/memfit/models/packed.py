@@ -14,7 +14,10 @@ packed rows from the position ids (varlen kernels, cu_seqlens from the restarts)
 the batch is ONE row (``modeling_flash_attention_utils._is_packed_sequence``). There the
 micro-batch is flattened: its real tokens, padding dropped, as one [1, tokens] row, the
 labels alike, so no padding is computed at all. Either way the loss is the unpacked one:
-each row's first label is -100, so no position predicts across a join.
+each row's first label is -100, so no position predicts across a join. (memfit loads
+models with the attention implementation transformers picks, sdpa by default. The
+flattened row is tested on CPU through sdpa, which reads the same restarts; the flash
+kernels themselves need CUDA and are not exercised by the test suite.)
 """
 
 from __future__ import annotations
