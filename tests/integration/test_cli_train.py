@@ -25,13 +25,17 @@ def test_full_fine_tune_writes_a_complete_run_folder(tmp_path: Path, instruction
     train_records = [r for r in records if "loss" in r]
     assert [r["step"] for r in train_records] == [1, 2, 3, 4, 5, 6]
     for record in train_records:
-        assert {"lr", "grad_norm", "tokens_per_second", "tokens"} <= record.keys()
+        assert {"lr", "grad_norm", "tokens_per_second", "tokens", "input_tokens",
+                "padding_fraction"} <= record.keys()
+        # Rows padded to the longest of each micro-batch: some padding, never all of it.
+        assert record["input_tokens"] > record["tokens"] and 0 <= record["padding_fraction"] < 1
     assert [r["step"] for r in records if "eval_loss" in r] == [0, 3, 6]
 
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     assert [event.step for event in events.Scalars("train/loss")] == [1, 2, 3, 4, 5, 6]
     assert [event.step for event in events.Scalars("eval/eval_loss")] == [0, 3, 6]
+    assert len(events.Scalars("train/padding_fraction")) == 6
 
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == [
         "index.json", "step-4", "step-6"]

@@ -265,8 +265,14 @@ class DataConfig:
         "all of data.path trains and data.eval_fraction is not used (setting both is warned).",
         default=None,
     )
-    pack: bool = doc(
-        "format=text: concatenate documents and cut them into max_length blocks.", default=True
+    pack: bool | None = doc(
+        "Pack rows into max_length blocks. format=text: documents joined and cut into "
+        "blocks (each attends to the documents before it in its block). format=instruction "
+        "or chat: whole rows placed greedily (first fit, in order) into blocks of up to "
+        "max_length tokens, each row attending only to itself (position ids restart per "
+        "row; needs a transformers model). Unset: true for text, false for instruction and "
+        "chat (rows padded to the longest in each micro-batch).",
+        default=None,
     )
     text_field: str = doc("format=text or classification: the field holding the text.",
                           default="text")

@@ -113,6 +113,12 @@ def _check_combinations(config: Config) -> None:
         )
     if task is Task.CUSTOM and not config.model.factory:
         raise ConfigError("model.task=custom needs model.factory")
+    if (config.data.pack and config.model.factory
+            and data_format in (DataFormat.INSTRUCTION, DataFormat.CHAT)):
+        raise ConfigError(f"data.pack=true with data.format={data_format} needs a transformers "
+                          "model (model.path or model.preset): packed rows are kept apart by "
+                          "position ids, which a model.factory module does not read; set "
+                          "data.pack=false")
     if task is Task.AUTOENCODER and data_format is not DataFormat.IMAGES:
         raise ConfigError(f"model.task=autoencoder needs data.format=images, not {data_format}")
     if data_format is DataFormat.IMAGES and task not in (Task.AUTOENCODER, Task.CUSTOM):

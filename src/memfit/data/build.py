@@ -22,7 +22,7 @@ from memfit.data import chat, classification, instruction, text
 from memfit.data.images import ImageSettings, read_images
 from memfit.data.read import Row, RowSource, data_files, holds_tensors, iter_rows, read_rows
 from memfit.data.tensors import TensorDictDataset, check_same_shapes, read_tensors
-from memfit.data.tokens import Encoded, to_examples, warn_or_raise_on_dropped
+from memfit.data.tokens import Encoded, Packing, to_examples, warn_or_raise_on_dropped
 
 FORMATS = ("text", "instruction", "chat", "tensors", "images", "classification")
 
@@ -44,7 +44,7 @@ class DataSettings(Protocol):
     @property
     def eval_path(self) -> str | os.PathLike[str] | None: ...
     @property
-    def pack(self) -> bool: ...
+    def pack(self) -> bool | None: ...
     @property
     def text_field(self) -> str: ...
     @property
@@ -104,17 +104,29 @@ def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0,
             label_field=data_cfg.label_field, names=labels, max_length=data_cfg.max_length)
         return Splits(encode(train.batches()), encode(held_out.batches()))
     encode = _encoder(name, tokenizer, data_cfg.text_field)
-    pack = name == "text" and data_cfg.pack
+    packing = packing_of(data_cfg)
     train_set, train_rows, train_dropped = to_examples(
-        (encode(rows) for rows in train.batches()), data_cfg.max_length, pack
+        (encode(rows) for rows in train.batches()), data_cfg.max_length, packing
     )
     eval_set, eval_rows, eval_dropped = to_examples(
-        (encode(rows) for rows in held_out.batches()), data_cfg.max_length, pack
+        (encode(rows) for rows in held_out.batches()), data_cfg.max_length, packing
     )
     warn_or_raise_on_dropped(
         train_dropped + eval_dropped, train_rows + eval_rows, len(train_set), data_cfg.max_length
     )
     return Splits(train_set, eval_set)
+
+
+def packing_of(data_cfg: DataSettings) -> Packing:
+    """How a token format's rows become examples: data.pack, unset meaning the format's
+    default (text packs; instruction and chat rows are padded, one per example)."""
+    name = format_name(data_cfg.format)
+    if name not in ("text", "instruction", "chat"):
+        return "none"
+    pack = data_cfg.pack if data_cfg.pack is not None else name == "text"
+    if not pack:
+        return "none"
+    return "stream" if name == "text" else "rows"
 
 
 def classes(data_cfg: DataSettings, seed: int = 0, labels: Sequence[str] = (),

@@ -9,8 +9,9 @@ import torch
 from memfit.data.tokens import IGNORE_INDEX
 
 # What each per-token field is padded with: padding is neither attended to (mask 0) nor
-# learned (label -100).
-_PAD_VALUES = {"attention_mask": 0, "labels": IGNORE_INDEX}
+# learned (label -100). Packed blocks' position ids pad with 0: every padding token starts
+# a one-token sequence of its own, which no real token attends to (tokens.pack_rows).
+_PAD_VALUES = {"attention_mask": 0, "labels": IGNORE_INDEX, "position_ids": 0}
 
 
 def collate(
@@ -19,10 +20,11 @@ def collate(
     """Stack examples into a batch, each field of shape (batch, ...).
 
     Token examples (those with ``input_ids``) are padded on the right to the longest in
-    the batch: input_ids with ``pad_token_id``, and attention_mask (0) and labels (-100)
-    where they hold one value per token, giving (batch, longest) tensors. Everything else
-    — a label per example (0-d), images, all fields of examples without input_ids — is
-    stacked as it is. ``pad_token_id`` may be None only when no padding is needed.
+    the batch: input_ids with ``pad_token_id``, and attention_mask (0), labels (-100) and
+    position_ids (0) where they hold one value per token, giving (batch, longest)
+    tensors. Everything else — a label per example (0-d), images, all fields of examples
+    without input_ids — is stacked as it is. ``pad_token_id`` may be None only when no
+    padding is needed.
     """
     if not examples:
         raise ValueError("collate needs at least one example")
@@ -60,3 +62,13 @@ def count_loss_tokens(batch: dict[str, torch.Tensor]) -> int:
     step, so every token weighs the same whatever batch it landed in.
     """
     return int((batch["labels"][:, 1:] != IGNORE_INDEX).sum())
+
+
+def count_positions(batch: dict[str, torch.Tensor]) -> tuple[int, int]:
+    """(tokens, positions) of a token batch: the tokens it feeds the model (attention_mask
+    1, prompt and learned tokens alike) and the (batch x longest) positions they fill; the
+    rest is padding. (0, 0) for a batch without tokens."""
+    mask = batch.get("attention_mask")
+    if mask is None or "input_ids" not in batch:
+        return 0, 0
+    return int(mask.sum()), mask.numel()

@@ -100,8 +100,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt
 def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
                  quantization_config: Any | None = None, labels: tuple[str, ...] = ()
                  ) -> LoadedModel:
-    from transformers import AutoTokenizer
-
     check_config_json(folder)
     check_weight_files(folder)
     classifies = task is Task.SEQUENCE_CLASSIFICATION
@@ -122,20 +120,12 @@ def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
         raise ModelError(f"model.path={folder}: a .bin weights file holds Python objects "
                          "besides tensors, which memfit never unpickles (they could run "
                          "code); use the model's safetensors weights") from None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(folder)
-    except Exception as error:  # noqa: BLE001 -- tokenizers has its own error types
-        present = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
-        if present:  # the folder has a tokenizer, and it is damaged: never train without it
-            raise ModelError(f"model.path={folder}: its tokenizer ({', '.join(present)}) "
-                             f"cannot be loaded: {first_line(error)}") from None
-        tokenizer = byte_level_tokenizer()
-        if model.config.vocab_size < len(tokenizer):
-            raise ModelError(
-                f"model.path={folder} has no tokenizer files and its vocabulary "
-                f"({model.config.vocab_size}) is too small for the byte-level fallback"
-            ) from None
-    _ensure_pad_token(tokenizer)
+    tokenizer, fallback = _folder_tokenizer(folder)
+    if fallback and model.config.vocab_size < len(tokenizer):
+        raise ModelError(
+            f"model.path={folder} has no tokenizer files and its vocabulary "
+            f"({model.config.vocab_size}) is too small for the byte-level fallback"
+        ) from None
     if classifies and model.config.pad_token_id is None:
         # Decoder classifiers (Llama, GPT-2) read the logits at the last token that is not
         # padding, and refuse batches without knowing which token pads.
@@ -208,6 +198,41 @@ def _from_factory(config: ModelConfig, dtype: torch.dtype) -> LoadedModel:
         )
     loss_function = import_object(config.loss, "model.loss") if config.loss else None
     return LoadedModel(model.to(dtype), None, is_transformers=False, loss_function=loss_function)
+
+
+def load_tokenizer(config: ModelConfig) -> Any | None:
+    """The tokenizer ``load_model`` gives a language model, without building the model (the
+    planner measures the data's rows with it); None for image presets and factories."""
+    if config.path:
+        check_config_json(Path(config.path))
+        return _folder_tokenizer(Path(config.path))[0]
+    if config.preset == DEMO_BASE:
+        from memfit.demo import demo_assets_dir
+
+        return _folder_tokenizer(demo_assets_dir() / "base")[0]
+    if config.preset in PRESETS and config.task is not Task.AUTOENCODER:
+        return byte_level_tokenizer()
+    return None
+
+
+def _folder_tokenizer(folder: Path) -> tuple[Any, bool]:
+    """(the folder's tokenizer, padding with eos when it has no pad token; whether it is the
+    byte-level fallback, for a folder without tokenizer files). A damaged one is a
+    ModelError."""
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+    except Exception as error:  # noqa: BLE001 -- tokenizers has its own error types
+        present = [name for name in TOKENIZER_FILES if (folder / name).is_file()]
+        if present:  # the folder has a tokenizer, and it is damaged: never train without it
+            raise ModelError(f"model.path={folder}: its tokenizer ({', '.join(present)}) "
+                             f"cannot be loaded: {first_line(error)}") from None
+        tokenizer, fallback = byte_level_tokenizer(), True
+    else:
+        fallback = False
+    _ensure_pad_token(tokenizer)
+    return tokenizer, fallback
 
 
 def _ensure_pad_token(tokenizer: Any) -> None:

@@ -10,15 +10,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from memfit.models.packed import causal_lm_inputs
+
 IGNORE_INDEX = -100  # label positions excluded from the loss (prompt, padding)
 
 
 def causal_lm_loss_sum(model: nn.Module, batch: dict[str, Any]) -> torch.Tensor:
-    """Summed next-token cross-entropy over label positions that are not -100."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    """Summed next-token cross-entropy over label positions that are not -100 (padded rows,
+    or packed blocks: models/packed.py)."""
+    inputs, labels = causal_lm_inputs(model, batch)
+    logits = model(**inputs).logits
     # logits: [batch, seq, vocab]; position t predicts token t+1; fp32 for the loss.
     shifted_logits = logits[:, :-1].float()
-    shifted_labels = batch["labels"][:, 1:]
+    shifted_labels = labels[:, 1:]
     return F.cross_entropy(shifted_logits.reshape(-1, shifted_logits.size(-1)),
                            shifted_labels.reshape(-1), ignore_index=IGNORE_INDEX,
                            reduction="sum")

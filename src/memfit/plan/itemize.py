@@ -37,7 +37,7 @@ from memfit._utils.errors import ConfigError
 from memfit.config.schema import AdapterKind, Config
 from memfit.plan import costs, meta, moments, per_device
 from memfit.plan.trace import TraceResult, trace_micro_batch
-from memfit.plan.workload import ExampleBatch, workload
+from memfit.plan.workload import ExampleBatch, token_shape, workload
 from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.precision import AUTOCAST_DTYPES
 from memfit.techniques.quantize_stand_in import QuantizedLinear, quantized_path
@@ -169,7 +169,7 @@ def _units(model: nn.Module) -> per_device.Units:
 
 def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> _Sizing:
     key = (config.model, config.adapter, config.precision, config.memory,
-           config.train.micro_batch_size, config.data.max_length, _batch_key(example_batch),
+           config.train.micro_batch_size, token_shape(config), _batch_key(example_batch),
            config.optimizer.name, config.optimizer.galore.modules,  # which params are projected
            quantized_path(config, device) if config.adapter.kind is AdapterKind.QLORA
            else None)

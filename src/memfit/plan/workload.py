@@ -1,42 +1,103 @@
 """What the planner traces for one micro-batch: a batch of fake tensors shaped as training's
 would be, and the loss training would compute on it (``TrainingLoss``, the same dispatch
-``training.objective`` runs)."""
+``training.objective`` runs).
+
+Token batches are as long as the longest micro-batch the run will see (``token_shape``):
+``data.max_length`` for packed blocks (text, or rows with data.pack); for rows padded to
+the longest in each micro-batch (instruction and chat by default), the longest row among
+the examples the run draws (its steps x effective batch, in the batch stream's order), read
+from data.path with the model's tokenizer. Without readable data or a tokenizer, the
+bound data.max_length."""
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from memfit._utils.errors import ConfigError
-from memfit.config.schema import Config, Precision, Task
-from memfit.models.load import import_object
+from memfit._utils.errors import ConfigError, MemfitError
+from memfit.config.schema import Config, DataConfig, DataFormat, ModelConfig, Precision, Task
+from memfit.data import build_datasets
+from memfit.data.build import packing_of
+from memfit.data.order import drawn, optimizer_steps
+from memfit.data.tokens import Packing
+from memfit.models.load import import_object, load_tokenizer
 from memfit.plan.meta import MetaModel
 from memfit.techniques.training_loss import TrainingLoss
 
 ExampleBatch = dict[str, torch.Tensor]
 
 
+@dataclass(frozen=True)
+class TokenShape:
+    """The longest token micro-batch of a run, as the trace must build it."""
+
+    length: int  # tokens per row of the longest micro-batch
+    packing: Packing  # "none": rows padded (transformers builds a padding mask)
+
+
+def token_shape(config: Config) -> TokenShape:
+    """The longest micro-batch's row length and how its rows are packed (module docstring)."""
+    packing = packing_of(config.data)
+    rows = config.data.format in (DataFormat.TEXT, DataFormat.INSTRUCTION, DataFormat.CHAT)
+    if packing != "none" or not rows or config.data.path is None:
+        return TokenShape(config.data.max_length, packing)
+    train = config.train
+    drawn_per_step = (train.micro_batch_size * train.gradient_accumulation_steps
+                      * config.distributed.nproc)
+    return TokenShape(_longest_row(config.data, config.model, train.seed, train.max_steps,
+                                   train.epochs, drawn_per_step), packing)
+
+
+@functools.lru_cache(maxsize=8)
+def _longest_row(data: DataConfig, model: ModelConfig, seed: int, max_steps: int | None,
+                 epochs: float, drawn_per_step: int) -> int:
+    """The longest example among those the run draws (data.order: the batch stream's
+    order and count); data.max_length when the rows or the tokenizer cannot be read (a
+    plan of a config.json alone, data not there yet: training would fail or say why)."""
+    try:
+        tokenizer = load_tokenizer(model)
+        if tokenizer is None:
+            return data.max_length
+        train = build_datasets(data, tokenizer, seed=seed, labels=model.labels).train
+    except MemfitError:
+        return data.max_length
+    steps = optimizer_steps(max_steps, epochs, len(train), drawn_per_step)
+    return max(len(train[index]["input_ids"])
+               for index in drawn(len(train), seed, steps * drawn_per_step))
+
+
 def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | None
              ) -> tuple[Callable[[], dict[str, Any]], Callable]:
     """(make_batch, loss_sum) as the training loop would run them. Hugging Face causal LMs
-    and classifiers get batches of data.max_length tokens; factory and image models the
+    and classifiers get batches of ``token_shape`` tokens; factory and image models the
     shapes of ``example_batch``, traced through their own loss (model.loss or forward's)."""
     loss_function = import_object(config.model.loss, "model.loss") if config.model.loss else None
     loss = TrainingLoss.for_config(config, loss_function)
-    size, length = config.train.micro_batch_size, config.data.max_length
+    size = config.train.micro_batch_size
+    shape = token_shape(config)
+    length = shape.length
     if config.model.task is Task.CAUSAL_LM and built.is_transformers:
 
         def make_batch() -> dict[str, Any]:
-            # attention_mask None: an all-ones mask (packed text), which transformers drops.
-            return {"input_ids": torch.zeros((size, length), dtype=torch.long),
-                    "labels": torch.zeros((size, length), dtype=torch.long),
-                    "attention_mask": None}
+            batch = {"input_ids": torch.zeros((size, length), dtype=torch.long),
+                     "labels": torch.zeros((size, length), dtype=torch.long),
+                     # None: an all-ones mask (packed text), which transformers drops. A
+                     # fake mask (padded rows) it cannot read, so it builds the [batch, 1,
+                     # seq, seq] padding mask training builds for a batch with padding.
+                     "attention_mask": None if shape.packing == "stream"
+                     else torch.ones((size, length), dtype=torch.long)}
+            if shape.packing == "rows":  # rows kept apart by their positions (models.packed)
+                batch["position_ids"] = torch.zeros((size, length), dtype=torch.long)
+            return batch
 
         def causal_lm_loss_sum(model: Any, batch: dict[str, Any]) -> torch.Tensor:
+            if shape.packing == "rows":  # transformers builds the block mask training does
+                return loss.loss_sum(model, batch)
             with _rows_seen_as_single_sequences():
                 return loss.loss_sum(model, batch)
 
@@ -44,7 +105,6 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
     if config.model.task is Task.SEQUENCE_CLASSIFICATION:
 
         def make_classified_batch() -> dict[str, Any]:
-            # Examples as long as data.max_length allows (the longest a batch can be).
             return {"input_ids": torch.zeros((size, length), dtype=torch.long),
                     "attention_mask": torch.ones((size, length), dtype=torch.long),
                     "labels": torch.zeros(size, dtype=torch.long)}

@@ -17,6 +17,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from memfit._utils.errors import ConfigError
+from memfit.models.packed import causal_lm_inputs
 
 IGNORE_INDEX = -100
 
@@ -69,7 +70,7 @@ def check_supported(model: nn.Module) -> None:
 def causal_lm_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],
                        chunk_tokens: int) -> torch.Tensor:
     inner = _transformers_model(model)
-    outputs = inner.get_decoder()(input_ids=batch["input_ids"],
-                                  attention_mask=batch["attention_mask"])
-    return loss_sum(outputs.last_hidden_state, batch["labels"], inner.get_output_embeddings(),
+    inputs, labels = causal_lm_inputs(inner, batch)  # padded rows, or packed blocks
+    outputs = inner.get_decoder()(**inputs)
+    return loss_sum(outputs.last_hidden_state, labels, inner.get_output_embeddings(),
                     chunk_tokens)

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from memfit.data.order import epoch_order
+
 
 class BatchStream:
     def __init__(self, dataset: Sequence, micro_batch_size: int, seed: int,
@@ -38,8 +40,7 @@ class BatchStream:
     def _index(self, position: int) -> int:
         epoch, offset = divmod(position, len(self.dataset))
         if epoch != self._epoch:
-            generator = torch.Generator().manual_seed(self.seed * 100_003 + epoch)
-            self._order = torch.randperm(len(self.dataset), generator=generator).tolist()
+            self._order = epoch_order(len(self.dataset), self.seed, epoch)
             self._epoch = epoch
         return self._order[offset]
 

@@ -21,7 +21,6 @@ Nothing here writes to disk: a bad config or data file fails before a run folder
 
 from __future__ import annotations
 
-import math
 import random
 import sys
 import warnings
@@ -36,6 +35,7 @@ from memfit import distributed
 from memfit._utils.errors import MemfitWarning
 from memfit.config.schema import AdapterKind, Config
 from memfit.data import Splits, build_datasets, collate
+from memfit.data.order import optimizer_steps
 from memfit.distributed.ddp import Replicas
 from memfit.models.classifier import with_classes
 from memfit.models.export_module import exported_module
@@ -95,13 +95,9 @@ def examples_per_step(config: Config) -> int:
 
 
 def total_optimizer_steps(config: Config, train_examples: int) -> int:
-    """train.max_steps, or the number of steps whose examples come closest to train.epochs
-    passes over the ``train_examples`` (at least one): the batch stream's epoch (examples
-    drawn / examples) then ends as near train.epochs as whole steps allow."""
-    if config.train.max_steps is not None:
-        return config.train.max_steps
-    steps = config.train.epochs * train_examples / examples_per_step(config)
-    return max(1, math.floor(steps + 0.5))
+    """train.max_steps, or the steps of train.epochs passes (``data.order.optimizer_steps``)."""
+    return optimizer_steps(config.train.max_steps, config.train.epochs, train_examples,
+                           examples_per_step(config))
 
 
 def warn_if_smaller_than_a_micro_batch(config: Config, train_examples: int,

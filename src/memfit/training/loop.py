@@ -44,6 +44,7 @@ from memfit._utils.errors import MemfitWarning, OutOfMemoryPlanError
 from memfit.checkpoint import TrainerState, save_checkpoint
 from memfit.config import to_yaml
 from memfit.config.schema import AdapterKind
+from memfit.data import count_positions
 from memfit.monitor.memory import MemoryMeter, StepMemory
 from memfit.monitor.metrics import MetricsLogger
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer
@@ -134,6 +135,17 @@ def _host_bytes(run: Run) -> dict[str, int]:
     if isinstance(run.optimizer, HostOffloadOptimizer):
         found["host_optimizer_bytes"] = run.optimizer.host_bytes()
     return found
+
+
+def _padding(micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, int | float]:
+    """The tokens a step fed the model (``input_tokens``, prompts too, over all ranks) and
+    the share of its (batch x longest) positions that were padding; {} without tokens."""
+    counts = [count_positions(batch) for batch in micro_batches]
+    tokens = distributed.all_reduce_sum(sum(tokens for tokens, _ in counts))
+    positions = distributed.all_reduce_sum(sum(positions for _, positions in counts))
+    if not positions:
+        return {}
+    return {"input_tokens": tokens, "padding_fraction": 1 - tokens / positions}
 
 
 def _release_failed_attempt(run: Run) -> None:
@@ -258,6 +270,7 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
             if result.peak is None or meter.last_step.peak_bytes > result.peak.peak_bytes:
                 result.peak, result.peak_step = meter.last_step, step
         record.update(_host_bytes(run))
+        record.update(_padding(micro_batches))
         if run.replicas is not None:  # this rank's; every rank reduces the same bytes
             record["allreduce_bytes"] = run.replicas.reduced_bytes.take()
         # A skipped or diverged step is logged whatever log.every: it explains the outcome.
