@@ -81,6 +81,17 @@ def test_the_run_and_its_merged_model_answer_as_transformers_does(run: Path, mer
         {"prompt": prompt, "answer": text} for prompt, text in zip(PROMPTS, expected, strict=True)]
 
 
+def test_a_full_fine_tune_answers_from_its_model_folder(run: Path, tmp_path: Path):
+    result = run_in_process("train", *tiny_run_arguments(
+        run.parent / "rows.jsonl", tmp_path / "full", "train.max_steps=1",
+        "data.eval_fraction=0", "log.tensorboard=false"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    answerer = open_answerer(tmp_path / "full")
+    assert answerer.data_format.value == "instruction"
+    assert answer(answerer, PROMPTS[0], Decoding(NEW_TOKENS)) == \
+        reference_answer(tmp_path / "full" / "model", PROMPTS[0])
+
+
 def test_sample_answers_reach_tensorboard_and_the_report(run: Path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

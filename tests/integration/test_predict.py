@@ -92,6 +92,8 @@ def test_bad_input_is_one_line_and_writes_nothing(task: Path):
          "inside the run folder"),
         (["predict", str(task / "base"), rows], "no config.yaml there (not a run folder)"),
         (["generate", run, "--prompt", "hi"], f"use memfit predict {run} FILE"),
+        (["train", "--resume", run, "data.sample_prompts=[hi]"],
+         "data.sample_prompts needs model.task=causal-lm, not sequence-classification"),
     ]
     before = tree_digest(task)
     for arguments, fragment in cases:
