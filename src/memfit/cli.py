@@ -141,6 +141,33 @@ def _command_merge(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_generate(args: argparse.Namespace) -> int:
+    from memfit.generate import answer, check_decoding, open_answerer
+    from memfit.models.generation import Decoding
+
+    decoding = Decoding(args.max_new_tokens, args.temperature, args.top_p, args.seed)
+    check_decoding(decoding)  # before the (slow) model
+    answerer = open_answerer(args.path, trust_code=args.trust_code, data_format=args.format)
+    answer(answerer, args.prompt, decoding,
+           on_text=lambda text: print(text, end="", flush=True))
+    print()
+    return 0
+
+
+def _command_predict(args: argparse.Namespace) -> int:
+    import json
+
+    from memfit.predict import predictions, write_predictions
+
+    if args.output is None:
+        for record in predictions(args.run_dir, args.file, trust_code=args.trust_code):
+            print(json.dumps(record), flush=True)
+        return 0
+    rows = write_predictions(args.run_dir, args.file, args.output, trust_code=args.trust_code)
+    print(f"predictions   {rows} rows -> {args.output}")
+    return 0
+
+
 def _command_plan(args: argparse.Namespace) -> int:
     import json
 
@@ -218,6 +245,7 @@ def _add_trust_code(command: argparse.ArgumentParser, what: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from memfit.config.reference import help_text
+    from memfit.config.schema import TOKEN_FORMATS
 
     parser = argparse.ArgumentParser(prog="memfit", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
@@ -255,6 +283,49 @@ def build_parser() -> argparse.ArgumentParser:
     _add_trust_code(merge, "merge")
     _add_debug(merge)
     merge.set_defaults(handler=_command_merge)
+
+    generate = commands.add_parser(
+        "generate", help="a trained language model answers a prompt, streamed as it writes",
+        description="Load a run's result (adapters merged into its base in memory, or its "
+                    "model/ folder) or a model folder (memfit merge --out, a local Hugging "
+                    "Face causal LM) and answer --prompt. The prompt is laid out as the run's "
+                    "data.format lays out a prompt (chat: the tokenizer's chat template; "
+                    "instruction: the prompt and a newline; text: continued as it is); a model "
+                    "folder gets the chat template when its tokenizer has one. Greedy unless "
+                    "--temperature is above 0.")
+    generate.add_argument("path", metavar="RUN_OR_MODEL_DIR",
+                          help="a run folder of memfit train, or a model folder")
+    generate.add_argument("--prompt", required=True, help="what the model answers")
+    generate.add_argument("--max-new-tokens", type=int, default=128, metavar="N",
+                          help="tokens the answer has at most (default 128)")
+    generate.add_argument("--temperature", type=float, default=0.0,
+                          help="0 (default): greedy, the most likely token each time; above "
+                               "0: sampling, flatter as it grows")
+    generate.add_argument("--top-p", type=float, default=1.0,
+                          help="sampling: draw from the most likely tokens that together "
+                               "have this probability (default 1: all)")
+    generate.add_argument("--seed", type=int, help="sampling: the seed, for repeatable draws")
+    generate.add_argument("--format", choices=sorted(f.value for f in TOKEN_FORMATS),
+                          help="lay the prompt out as this data.format does instead")
+    _add_trust_code(generate, "a run folder")
+    _add_debug(generate)
+    generate.set_defaults(handler=_command_generate)
+
+    predict = commands.add_parser(
+        "predict", help="a trained classifier's label for each row of a file",
+        description="One prediction per row of FILE (jsonl, csv or parquet with the run's "
+                    "data.text_field; no label needed), as JSON lines {\"row\": index from 0, "
+                    "\"label\": class name, \"probability\": its softmax probability}, to "
+                    "stdout unless --output is given. For runs of "
+                    "model.task=sequence-classification.")
+    predict.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of memfit train")
+    predict.add_argument("file", metavar="FILE", help="the rows to classify")
+    predict.add_argument("--output", metavar="OUT.jsonl",
+                         help="write the predictions to this new file (or one holding earlier "
+                              "predictions) instead of stdout")
+    _add_trust_code(predict, "the run folder")
+    _add_debug(predict)
+    predict.set_defaults(handler=_command_predict)
 
     plan = commands.add_parser(
         "plan", help="memory of every strategy, and which to use for a budget",

@@ -2,9 +2,10 @@
 
 The page holds the plan next to the measured memory (``memfit.plan`` on the run's
 config.yaml, for the device the run used), the memory timeline, the loss and eval
-curves, the resolved config and the summary. Images are embedded as base64 PNG data
-URIs and the style is inline, so the file opens in any browser without a server or a
-network. It is written atomically (temporary name, then rename), never through a link.
+curves, the answers to data.sample_prompts, the resolved config and the summary.
+Images are embedded as base64 PNG data URIs and the style is inline, so the file opens
+in any browser without a server or a network. It is written atomically (temporary
+name, then rename), never through a link.
 
 A run folder is data people pass around: the report reads only what memfit wrote there
 (a folder is a run only with its ``memfit-run.json``), renders values of the wrong type
@@ -33,6 +34,7 @@ from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY
 from memfit.monitor.memory_plot import plot_memory
 from memfit.monitor.metrics import read_metrics
 from memfit.training.run_folder import MARKER_FILE, is_run_folder
+from memfit.training.sample_answers import SAMPLE_ANSWERS_KEY
 
 # A run without memory.budget is planned against a budget nothing exceeds: only the
 # estimate of the configuration as run is shown, not what would fit.
@@ -95,7 +97,8 @@ def _check_out(out: Path) -> None:
 
 def render_report(run_dir: Path) -> str:
     summary = _read_json(run_dir / "summary.json")
-    records = _usable(read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else [])
+    logged = read_metrics(run_dir) if (run_dir / "metrics.jsonl").is_file() else []
+    records = _usable(logged)
     config_text = (run_dir / "config.yaml").read_text(errors="replace")
     device = str(summary.get("device", "cpu")) if summary else "cpu"
     sections = [
@@ -104,6 +107,7 @@ def render_report(run_dir: Path) -> str:
         "<h2>Memory: plan and measured</h2>", _plan_section(run_dir, summary, device),
         "<h2>Memory over the steps</h2>", _memory_timeline(records),
         "<h2>Loss</h2>", _loss_curves(records),
+        *_sample_answers(logged),
         "<h2>Resolved configuration (config.yaml)</h2>",
         f"<pre>{html.escape(config_text)}</pre>",
     ]
@@ -259,3 +263,27 @@ def _loss_curves(records: list[dict[str, Any]]) -> str:
         return _note("no loss was logged")
     return _image(_rendered(lambda path: line_plot(series, path, "Loss", "loss")),
                   "training and eval loss over the steps")
+
+
+def _sample_answers(logged: list[dict[str, Any]]) -> list[str]:
+    """The heading and a table of data.sample_prompts' answers, a row per evaluation and a
+    column per prompt (nothing for a run without sample prompts)."""
+    found = [(record["step"], record[SAMPLE_ANSWERS_KEY]) for record in logged
+             if isinstance(record.get(SAMPLE_ANSWERS_KEY), list)]
+    if not found:
+        return []
+    prompts: list[str] = []
+    for _, answers in found:
+        for item in answers:
+            prompt = str(item.get("prompt")) if isinstance(item, dict) else "(not an answer)"
+            if prompt not in prompts:
+                prompts.append(prompt)
+    rows = []
+    for step, answers in found:
+        by_prompt = {str(item.get("prompt")): str(item.get("answer"))
+                     for item in answers if isinstance(item, dict)}
+        rows.append([str(step), *(by_prompt.get(prompt, "-") for prompt in prompts)])
+    return ["<h2>Sample answers</h2>",
+            _note("data.sample_prompts answered greedily at each evaluation (metrics.jsonl, "
+                  "sample_answers)"),
+            _table(["step", *prompts], rows)]

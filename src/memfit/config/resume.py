@@ -22,6 +22,8 @@ RESUMABLE_KEYS = (
     "train.max_consecutive_skips",
     "distributed.nproc",
     "distributed.strategy",
+    "data.sample_prompts",
+    "data.sample_max_new_tokens",
     "log.*",
 )
 

@@ -283,6 +283,14 @@ class DataConfig:
     )
     images: ImagesConfig = doc("format=images: size, channels and contrast.",
                                default_factory=ImagesConfig)
+    sample_prompts: tuple[str, ...] = doc(
+        "model.task=causal-lm: prompts the model answers at each evaluation (greedy, laid "
+        "out as data.format lays out a prompt), logged to metrics.jsonl (a record with step "
+        "and sample_answers), TensorBoard (text) and memfit report.",
+        default=(),
+    )
+    sample_max_new_tokens: int = doc("data.sample_prompts: tokens each answer has at most.",
+                                     limits=(1, MAX_TOKENS), default=32)
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,8 @@ def _check_combinations(config: Config) -> None:
         raise ConfigError(
             f"model.task=causal-lm needs data.format text, instruction or chat, not {data_format}"
         )
+    if config.data.sample_prompts and task is not Task.CAUSAL_LM:
+        raise ConfigError(f"data.sample_prompts needs model.task=causal-lm, not {task}")
     if task is Task.CUSTOM and not config.model.factory:
         raise ConfigError("model.task=custom needs model.factory")
     if (config.data.pack and config.model.factory

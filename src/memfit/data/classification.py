@@ -163,18 +163,27 @@ class ClassificationDataset(torch.utils.data.Dataset):
 def encode(batches: Iterable[Sequence[Row]], tokenizer: Any, text_field: str,
            label_field: str, names: Sequence[str], max_length: int) -> ClassificationDataset:
     """Every row as an example (none is dropped: each has its label)."""
-    needs = f"'{text_field}' (data.text_field)"
     input_ids: list[torch.Tensor] = []
     labels: list[int] = []
     for rows in batches:
-        texts = [require_string(row.values, text_field, row.where, needs) for row in rows]
         labels += [class_id(row, label_field, names) for row in rows]
-        if not texts:
-            continue
-        encoded = tokenizer(texts, truncation=True, max_length=max_length,
-                            return_attention_mask=False, return_token_type_ids=False)
-        for row, ids in zip(rows, encoded["input_ids"], strict=True):
-            if not ids:
-                raise DataError(f"{row.where}: the text in '{text_field}' has no tokens")
-            input_ids.append(torch.tensor(ids, dtype=torch.long))
+        input_ids += text_ids(rows, tokenizer, text_field, max_length)
     return ClassificationDataset(input_ids, torch.tensor(labels, dtype=torch.long))
+
+
+def text_ids(rows: Sequence[Row], tokenizer: Any, text_field: str,
+             max_length: int) -> list[torch.Tensor]:
+    """Each row's text as the model reads it (training and ``memfit predict`` alike):
+    1-D int64 ids, special tokens included, truncated to ``max_length``."""
+    needs = f"'{text_field}' (data.text_field)"
+    texts = [require_string(row.values, text_field, row.where, needs) for row in rows]
+    if not texts:
+        return []
+    encoded = tokenizer(texts, truncation=True, max_length=max_length,
+                        return_attention_mask=False, return_token_type_ids=False)
+    found = []
+    for row, ids in zip(rows, encoded["input_ids"], strict=True):
+        if not ids:
+            raise DataError(f"{row.where}: the text in '{text_field}' has no tokens")
+        found.append(torch.tensor(ids, dtype=torch.long))
+    return found

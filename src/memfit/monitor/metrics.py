@@ -3,7 +3,8 @@
 Each record has ``step`` (the optimizer step, from 1; 0 for the evaluation before
 training) and either training keys (``loss``, ``lr``, ``grad_norm``, ``tokens`` and
 ``tokens_per_second`` (``examples`` and ``examples_per_second`` for data without tokens),
-memory) or evaluation keys (``eval_loss``, ``eval_perplexity``).
+memory), evaluation keys (``eval_loss``, ``eval_perplexity``), or ``sample_answers``
+(training/sample_answers.py).
 
 The file is strict JSON: a non-finite number (a diverged loss) is written as ``null``.
 A resumed run first cuts the file (and TensorBoard, through ``purge_step``) back to its
@@ -72,6 +73,12 @@ class MetricsLogger:
                 if key != "step" and numeric:
                     group = "eval" if key.startswith("eval_") else "train"
                     self._writer.add_scalar(f"{group}/{key}", value, step)
+            self._writer.flush()
+
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        """``text`` (markdown) under ``tag`` at ``step`` in TensorBoard, when it is on."""
+        if self._writer is not None:
+            self._writer.add_text(tag, text, step)
             self._writer.flush()
 
     def close(self) -> None:

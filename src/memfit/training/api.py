@@ -100,6 +100,9 @@ class _SilentLogger:
     def log(self, record: dict[str, Any]) -> None:
         pass
 
+    def add_text(self, tag: str, text: str, step: int) -> None:
+        pass
+
     def close(self) -> None:
         pass
 

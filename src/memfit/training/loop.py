@@ -54,6 +54,7 @@ from memfit.training.build import Run
 from memfit.training.interrupts import Interrupted, StopRequests
 from memfit.training.nonfinite import DivergenceGuard, Verdict
 from memfit.training.recovery import Rung, next_rung, rebuild, smaller_eval_batch
+from memfit.training.sample_answers import answer_sample_prompts
 from memfit.training.step import (
     OptimizerStepOutOfMemory,
     optimizer_step,
@@ -216,6 +217,7 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
         if metrics is not None:
             logger.log(_eval_record(0, metrics))
             result.eval_losses[0] = metrics["loss"]
+        answer_sample_prompts(run, 0, logger)
         stop_signal = _agreed_stop_signal(requests)
         if stop_signal is not None:  # a step-0 checkpoint lets --resume start the run
             raise Interrupted(stop_signal, 0, _save(run, run_dir, state, guard), run_dir)
@@ -287,6 +289,7 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
             if metrics is not None:
                 logger.log(_eval_record(step, metrics))
                 result.eval_losses[step] = metrics["loss"]
+            answer_sample_prompts(run, step, logger)
         saved = (train_config.save_every and step % train_config.save_every == 0) or last
         if saved:
             _save(run, run_dir, state, guard)
