@@ -405,8 +405,18 @@ def _quiet_libraries():
     checkpointing", ...); their errors still show. Restored on return: main may run
     in-process (tests, notebooks)."""
     disabled = logging.root.manager.disable
+    # An in-process caller recording warnings (catch_warnings(record=True), pytest.warns)
+    # records memfit's too.
+    record = warnings._showwarnmsg_impl  # noqa: SLF001
+    recording = getattr(record, "__module__", None) != "warnings"
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        _show_warning(message, category, filename, lineno, file, line)
+        if recording and issubclass(category, MemfitWarning):
+            record(warnings.WarningMessage(message, category, filename, lineno, file, line))
+
     with warnings.catch_warnings():  # restores warnings.showwarning too
-        warnings.showwarning = _show_warning
+        warnings.showwarning = show
         logging.disable(logging.WARNING)
         try:
             yield
