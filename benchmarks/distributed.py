@@ -80,8 +80,8 @@ def galore_rank(shape: LlamaShape) -> int:
 def case_config(case: str, folder: Path, strategy: str, processes: int, steps: int,
                 shape: LlamaShape, output_dir: Path) -> Config:
     """What the case trains: its optimizer settings on the shared model, data and steps."""
-    from memfit.config import from_mapping
     from memfit.config.load import parse_overrides
+    from memfit.techniques.config_checks import from_mapping
 
     settings = {
         "model.path": folder / "model", "data.path": folder / "text.txt",

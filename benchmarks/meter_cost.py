@@ -50,8 +50,8 @@ def _child(case: str, setting: str, steps: int | None, threads: int, result: Pat
     import torch
 
     import memfit
-    from memfit.config.load import load_config
     from memfit.demo.defaults import demo_config_path
+    from memfit.techniques.config_checks import load_config
 
     torch.set_num_threads(threads)
     overrides = [*CASES[case], *QUIET]

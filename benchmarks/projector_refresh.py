@@ -131,7 +131,8 @@ def _mean_of(rows: list[dict[str, float]], key: str) -> str:
 def demo_refreshes(steps: int = 80, lr: float = 3e-4) -> None:
     from quality import _galore, base_config
 
-    from memfit.config.load import from_mapping, merge
+    from memfit.config.load import merge
+    from memfit.techniques.config_checks import from_mapping
     from memfit.training.batches import BatchStream
     from memfit.training.build import build_run
 

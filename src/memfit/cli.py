@@ -43,9 +43,9 @@ def _split_arguments(arguments: list[str]) -> tuple[str | None, list[str]]:
 
 
 def _resolve_train_config(args: argparse.Namespace):
-    from memfit.config import load_config
     from memfit.config.code_trust import refuse_untrusted_code
     from memfit.config.load import read_yaml
+    from memfit.techniques.config_checks import load_config
 
     config_path, overrides = _split_arguments(args.arguments)
     if args.resume:
@@ -244,8 +244,8 @@ def _add_trust_code(command: argparse.ArgumentParser, what: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from memfit.config.choices import TOKEN_FORMATS
     from memfit.config.reference import help_text
-    from memfit.config.schema import TOKEN_FORMATS
 
     parser = argparse.ArgumentParser(prog="memfit", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")

@@ -28,9 +28,10 @@ from safetensors.torch import save_file
 from torch.distributed.tensor import DTensor
 
 from memfit import distributed
-from memfit.config import Config, from_mapping
+from memfit.config import Config
 from memfit.config.load import read_yaml
 from memfit.monitor.tensor_tracker import TensorTracker
+from memfit.techniques.config_checks import from_mapping
 from memfit.techniques.quantize import is_quantized_layer
 from memfit.techniques.quantized_shards import PackedQuantizedLinear
 from memfit.training.api import train

@@ -18,10 +18,10 @@ import pytest
 import yaml
 from dist_helpers import HERE, memfit, memfit_environment, run_config
 
-from memfit.config import from_mapping
 from memfit.config.load import read_yaml
 from memfit.monitor.metrics import read_metrics
 from memfit.plan import estimate
+from memfit.techniques.config_checks import from_mapping
 
 pytestmark = pytest.mark.slow
 

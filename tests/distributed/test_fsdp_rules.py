@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from memfit._utils.errors import ConfigError
-from memfit.config import from_mapping
 from memfit.plan.itemize import estimate
 from memfit.plan.planner import plan
 from memfit.plan.strategies import with_overrides
+from memfit.techniques.config_checks import from_mapping
 
 BASE = {"model": {"preset": "tiny-llama"}, "data": {"path": "rows.jsonl"},
         "distributed": {"strategy": "fsdp"}}

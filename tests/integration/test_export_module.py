@@ -14,8 +14,9 @@ from cli_helpers import assert_one_line_error, run_in_process, tree_digest, writ
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from memfit.config.load import from_mapping, read_yaml
+from memfit.config.load import read_yaml
 from memfit.data import build_datasets, collate
+from memfit.techniques.config_checks import from_mapping
 
 # The documented pattern: the factory's module holds the transformers model as self.model
 # and its forward computes the loss from the batch's fields.

@@ -11,9 +11,9 @@ from cli_helpers import run_cli, tiny_run_arguments
 from transformers import AutoModelForCausalLM
 
 import memfit
-from memfit.config import load_config
 from memfit.models.presets import tiny_llama
 from memfit.monitor.metrics import read_metrics
+from memfit.techniques.config_checks import load_config
 
 
 def train(data: Path, output_dir: Path, *overrides: str):

@@ -12,8 +12,9 @@ from factories import regressor, write_regression_data
 from peft import PeftModel
 from safetensors.torch import load_file
 
-from memfit.config.load import from_mapping, load_config, read_yaml
+from memfit.config.load import read_yaml
 from memfit.merge import merge_run
+from memfit.techniques.config_checks import from_mapping, load_config
 from memfit.training.api import train
 from memfit.training.build import load_base, seed_everything
 

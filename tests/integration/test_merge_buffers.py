@@ -15,9 +15,10 @@ from factories import batchnorm_conv_net, write_shifted_images
 from safetensors.torch import load_file, save_file
 
 from memfit.checkpoint.export import BUFFERS_FILE
-from memfit.config.load import from_mapping, read_yaml
+from memfit.config.load import read_yaml
 from memfit.data import build_datasets, collate
 from memfit.merge import merge_run
+from memfit.techniques.config_checks import from_mapping
 
 
 def train_conv_net(tmp_path: Path, *overrides: str) -> Path:

@@ -16,9 +16,10 @@ from peft import set_peft_model_state_dict
 from safetensors.torch import load_file
 
 from memfit._utils.errors import ConfigError
-from memfit.config.load import from_mapping, load_config, read_yaml
+from memfit.config.load import read_yaml
 from memfit.merge import merge_run
 from memfit.techniques import lora
+from memfit.techniques.config_checks import from_mapping, load_config
 from memfit.training.api import train
 from memfit.training.build import load_base, seed_everything
 

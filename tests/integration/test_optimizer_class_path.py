@@ -11,9 +11,9 @@ import pytest
 import torch
 from cli_helpers import assert_one_line_error, run_in_process, tiny_run_arguments
 
-from memfit.config import from_mapping
 from memfit.monitor.metrics import losses_by_step, read_metrics
 from memfit.plan import costs
+from memfit.techniques.config_checks import from_mapping
 
 OPTIMIZER_FILE = '''
 import torch

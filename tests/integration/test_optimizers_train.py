@@ -13,7 +13,7 @@ from cli_helpers import tiny_run_arguments
 from safetensors.torch import load_file
 
 import memfit
-from memfit.config import load_config
+from memfit.techniques.config_checks import load_config
 from memfit.training.api import RunResult
 
 

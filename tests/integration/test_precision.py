@@ -11,7 +11,7 @@ import torch
 from cli_helpers import tiny_run_arguments
 
 import memfit
-from memfit.config import load_config
+from memfit.techniques.config_checks import load_config
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from memfit.config.load import load_config
 from memfit.demo.defaults import demo_config_path
 from memfit.monitor.metrics import losses_by_step, read_metrics
+from memfit.techniques.config_checks import load_config
 from memfit.training.api import train
 
 STEPS = 10

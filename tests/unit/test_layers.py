@@ -11,8 +11,6 @@ import ast
 from dataclasses import dataclass
 from pathlib import Path
 
-import pytest
-
 SOURCE = Path(__file__).resolve().parents[2] / "src" / "memfit"
 
 # Bottom -> top. A package may import packages on lower floors only; the packages of one
@@ -97,9 +95,6 @@ def test_every_package_has_a_floor():
     assert packages <= set(FLOOR), f"not in FLOORS: {sorted(packages - set(FLOOR))}"
 
 
-@pytest.mark.xfail(strict=True, reason="config/ still imports techniques (validate.py) and "
-                   "load.py <-> ignored.py is a circle; config/schema.py is over 500 lines: "
-                   "the work that removes them (branch options) has not landed yet")
 def test_no_import_runs_up_a_floor_or_across_one():
     wrong = []
     for found in all_imports():
@@ -156,9 +151,6 @@ def test_cycles_finds_a_circle_and_only_circles():
     assert cycles({"a": {"b"}, "b": set()}) == []
 
 
-@pytest.mark.xfail(strict=True, reason="config/ still imports techniques (validate.py) and "
-                   "load.py <-> ignored.py is a circle; config/schema.py is over 500 lines: "
-                   "the work that removes them (branch options) has not landed yet")
 def test_no_import_circle_inside_a_package():
     edges: dict[str, set[str]] = {}
     where: dict[tuple[str, str], str] = {}
@@ -174,9 +166,6 @@ def test_no_import_circle_inside_a_package():
     assert not circles, "\n".join(circles)
 
 
-@pytest.mark.xfail(strict=True, reason="config/ still imports techniques (validate.py) and "
-                   "load.py <-> ignored.py is a circle; config/schema.py is over 500 lines: "
-                   "the work that removes them (branch options) has not landed yet")
 def test_no_source_file_over_500_lines():
     long = [f"{path.relative_to(SOURCE)}: {count} lines"
             for path in sorted(SOURCE.rglob("*.py"))

@@ -21,7 +21,7 @@ import torch
 
 from memfit.bench.cases import BY_NAME
 from memfit.bench.process import write_result
-from memfit.config import from_mapping
+from memfit.techniques.config_checks import from_mapping
 
 
 def run_case(name: str, mapping: dict[str, Any]) -> list[dict[str, Any]]:

@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from memfit.config.schema import Config, Precision
+from memfit.techniques.optimizers.options import adam_options
+from memfit.techniques.optimizers.registry import spec_for
 
 # GaLore projects the attention and MLP matrices (the GaLore README's target modules).
 GALORE_TARGETS = ("attn", "mlp")
@@ -37,10 +39,9 @@ def load_model(folder: Path, device: torch.device) -> nn.Module:
 
 
 def _adam_arguments(config: Config) -> dict[str, Any]:
-    optimizer = config.optimizer
     # weight_decay given explicitly: torch's and bitsandbytes' defaults are 0.01, memfit's 0.
-    return {"lr": optimizer.lr, "betas": optimizer.betas, "eps": optimizer.eps,
-            "weight_decay": optimizer.weight_decay}
+    return {**adam_options(config, spec_for(config).options),
+            "weight_decay": config.optimizer.weight_decay}
 
 
 def torch_adamw(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:

@@ -20,6 +20,8 @@ from memfit.bench.peer_models import BUILDERS, GALORE_TARGETS, galore_settings, 
 from memfit.config.schema import Config, Precision
 from memfit.data import count_loss_tokens
 from memfit.monitor.memory import MemoryMeter, make_memory_meter
+from memfit.techniques.optimizers.options import adam_options
+from memfit.techniques.optimizers.registry import spec_for
 from memfit.training.step import StepParts, optimizer_step
 
 Batch = dict[str, torch.Tensor]
@@ -104,11 +106,12 @@ def hf_trainer_galore(folder: Path, config: Config, batches: list[Batch],
                 records[state.global_step]["loss"] = float(logs["loss"])
 
     galore = galore_settings(config)
+    adam = adam_options(config, spec_for(config).options)
     arguments = TrainingArguments(
         output_dir=str(Path(config.train.output_dir) / "trainer"), max_steps=len(batches),
         per_device_train_batch_size=1, learning_rate=config.optimizer.lr,
-        adam_beta1=config.optimizer.betas[0], adam_beta2=config.optimizer.betas[1],
-        adam_epsilon=config.optimizer.eps, weight_decay=config.optimizer.weight_decay,
+        adam_beta1=adam["betas"][0], adam_beta2=adam["betas"][1],
+        adam_epsilon=adam["eps"], weight_decay=config.optimizer.weight_decay,
         lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=0.0,
         optim="galore_adamw_layerwise", optim_target_modules=list(GALORE_TARGETS),
         optim_args=", ".join(f"{key}={value}" for key, value in galore.items()

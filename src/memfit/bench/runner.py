@@ -39,9 +39,10 @@ from memfit.bench.cases import BASELINE, Case, select
 from memfit.bench.models import BenchModel, bench_model, materialize
 from memfit.bench.process import CaseFailed, run_in_own_process
 from memfit.bench.table import Row, markdown_table, pairs_table, summarize
-from memfit.config import from_mapping, to_mapping
+from memfit.config import to_mapping
 from memfit.monitor.memory import RECORD_PEAK_KEY
 from memfit.monitor.memory_plot import line_plot
+from memfit.techniques.config_checks import from_mapping
 
 # suite -> default optimizer steps per case. memory: every step measured; the others
 # measure every k-th step (``memory_every``) and time the rest.

@@ -17,8 +17,8 @@ from memfit.config.schema import Config
 def case_config(folder: Path, overrides: Mapping[str, Any]) -> Config:
     """memfit's defaults for the model in ``folder``, then ``overrides`` (``section.key:
     value``, values as on the command line)."""
-    from memfit.config import from_mapping
     from memfit.config.load import parse_overrides
+    from memfit.techniques.config_checks import from_mapping
 
     # data.path only has to exist: the scripts feed their own batch, not a dataset.
     settings = {"model.path": folder, "data.path": folder, **overrides}

@@ -1,6 +1,8 @@
-"""Typed configuration: schema, loading (YAML + overrides) and validation."""
+"""Typed configuration: schema, loading (YAML + overrides) and the rules that need no spec.
+memfit.techniques.config_checks builds a validated Config (``from_mapping``,
+``load_config``)."""
 
-from memfit.config.load import from_mapping, load_config, to_mapping, to_yaml
+from memfit.config.load import to_mapping, to_yaml
 from memfit.config.schema import Config
 
-__all__ = ["Config", "from_mapping", "load_config", "to_mapping", "to_yaml"]
+__all__ = ["Config", "to_mapping", "to_yaml"]

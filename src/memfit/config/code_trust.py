@@ -15,7 +15,7 @@ import importlib.machinery
 from pathlib import Path
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import Config, OptimizerName
+from memfit.config.schema import Config
 
 TRUST_FLAG = "--trust-code"
 
@@ -23,7 +23,7 @@ TRUST_FLAG = "--trust-code"
 def code_references(config: Config) -> list[tuple[str, str]]:
     """``[(key, "module:name"), ...]`` for every key of ``config`` that names code to import."""
     found = [("model.factory", config.model.factory), ("model.loss", config.model.loss)]
-    if not isinstance(config.optimizer.name, OptimizerName):
+    if ":" in config.optimizer.name:  # a class path; memfit's own names have no colon
         found.append(("optimizer.name", config.optimizer.name))
     return [(key, reference) for key, reference in found if reference]
 

@@ -10,8 +10,8 @@ the values that differ from the default count as the user's choices.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Collection, Mapping
-from typing import Any
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import Any, NamedTuple
 
 from memfit._utils.errors import MemfitWarning
 from memfit.config.load import to_mapping
@@ -20,9 +20,7 @@ from memfit.config.schema import (
     BaseQuantization,
     Config,
     DataFormat,
-    GaloreProjector,
     NonfiniteAction,
-    OptimizerName,
     Precision,
     Task,
 )
@@ -37,91 +35,80 @@ _ADAPTER_KEYS = ("adapter.rank", "adapter.alpha", "adapter.dropout", "adapter.ta
                  "adapter.trainable_modules", "adapter.quantization", "adapter.double_quant",
                  "adapter.frozen_in_compute_dtype")
 
-# (keys, when they are ignored, why). A key ending in ".*" stands for its whole section.
-_RULES: list[tuple[tuple[str, ...], Callable[[Config], bool], Callable[[Config], str]]] = [
-    (_ADAPTER_KEYS, lambda c: c.adapter.kind is AdapterKind.NONE,
+class Rule(NamedTuple):
+    """``keys`` are ignored when ``ignored(config)``, because ``why(config)``. A key ending in
+    ".*" stands for its whole section."""
+
+    keys: tuple[str, ...]
+    ignored: Callable[[Config], bool]
+    why: Callable[[Config], str]
+
+
+# The rules of this package's keys; the optimizers' come from their specs
+# (memfit.techniques.ignored_rules), passed in as ``more``.
+_RULES: list[Rule] = [
+    Rule(_ADAPTER_KEYS, lambda c: c.adapter.kind is AdapterKind.NONE,
      lambda c: "adapter.kind=none trains the weights themselves, without adapters"),
-    (("adapter.quantization", "adapter.double_quant"),
+    Rule(("adapter.quantization", "adapter.double_quant"),
      lambda c: c.adapter.kind is AdapterKind.LORA,
      lambda c: "only adapter.kind=qlora quantizes the frozen base"),
-    (("adapter.double_quant",),
+    Rule(("adapter.double_quant",),
      lambda c: (c.adapter.kind is AdapterKind.QLORA
                 and c.adapter.quantization is BaseQuantization.INT8),
      lambda c: "it quantizes nf4's block scales, and adapter.quantization=int8 has none"),
-    (("adapter.frozen_in_compute_dtype",),
+    Rule(("adapter.frozen_in_compute_dtype",),
      lambda c: (c.adapter.kind is not AdapterKind.NONE
                 and c.precision not in (Precision.BF16, Precision.FP16)),
      lambda c: f"it applies with precision=bf16 or fp16, not {c.precision}"),
-    (("optimizer.galore.*",), lambda c: c.optimizer.name is not OptimizerName.GALORE,
-     lambda c: f"optimizer.name={c.optimizer.name}, not galore"),
-    (("optimizer.galore.layerwise_refresh",),
-     lambda c: c.optimizer.name is OptimizerName.GALORE and not c.optimizer.layerwise,
-     lambda c: "it applies with optimizer.layerwise=true"),
-    (("optimizer.galore.project_in_backward",),
-     lambda c: (c.optimizer.name is OptimizerName.GALORE and c.optimizer.galore.projector
-                in (GaloreProjector.ONLINE, GaloreProjector.RANDOM,
-                    GaloreProjector.APOLLO_MINI)),
-     lambda c: f"optimizer.galore.projector={c.optimizer.galore.projector} needs every full "
-               "gradient (it applies with svd or randomized_svd)"),
-    (("optimizer.galore.rank",),
-     lambda c: (c.optimizer.name is OptimizerName.GALORE
-                and c.optimizer.galore.projector is GaloreProjector.APOLLO_MINI),
-     lambda c: "optimizer.galore.projector=apollo_mini projects to rank 1"),
-    (("optimizer.betas", "optimizer.eps"),
-     lambda c: c.optimizer.name in (OptimizerName.SGD, OptimizerName.ADAFACTOR),
-     lambda c: f"optimizer.name={c.optimizer.name} has no Adam moments"),
-    (("optimizer.betas", "optimizer.eps"),
-     lambda c: not isinstance(c.optimizer.name, OptimizerName),
-     lambda c: f"optimizer.name={c.optimizer.name} takes its settings from optimizer.kwargs "
-               "(lr and, per group, weight_decay come from optimizer.*)"),
-    (("optimizer.kwargs.*",), lambda c: isinstance(c.optimizer.name, OptimizerName),
-     lambda c: f"optimizer.kwargs are for a class-path optimizer.name, not {c.optimizer.name}"),
-    (("memory.loss_chunk_tokens",), lambda c: not c.memory.chunked_loss,
+    Rule(("memory.loss_chunk_tokens",), lambda c: not c.memory.chunked_loss,
      lambda c: "it applies with memory.chunked_loss=true"),
-    (("memory.mlp_chunk_tokens",), lambda c: not c.memory.tiled_mlp,
+    Rule(("memory.mlp_chunk_tokens",), lambda c: not c.memory.tiled_mlp,
      lambda c: "it applies with memory.tiled_mlp=true"),
-    (("memory.checkpoint_modules", "memory.checkpoint_every"),
+    Rule(("memory.checkpoint_modules", "memory.checkpoint_every"),
      lambda c: not c.memory.gradient_checkpointing,
      lambda c: "it applies with memory.gradient_checkpointing=true"),
-    (("train.epochs",), lambda c: c.train.max_steps is not None,
+    Rule(("train.epochs",), lambda c: c.train.max_steps is not None,
      lambda c: f"train.max_steps={c.train.max_steps} decides how long the run is"),
-    (("train.max_consecutive_skips",),
+    Rule(("train.max_consecutive_skips",),
      lambda c: c.train.on_nonfinite is not NonfiniteAction.SKIP,
      lambda c: f"it applies with train.on_nonfinite=skip, not {c.train.on_nonfinite}"),
-    (("data.pack",),
+    Rule(("data.pack",),
      lambda c: c.data.format not in (DataFormat.TEXT, DataFormat.INSTRUCTION, DataFormat.CHAT),
      lambda c: f"it applies with data.format=text, instruction or chat, not {c.data.format}"),
-    (("data.text_field",),
+    Rule(("data.text_field",),
      lambda c: c.data.format not in (DataFormat.TEXT, DataFormat.CLASSIFICATION),
      lambda c: f"it applies with data.format=text or classification, not {c.data.format}"),
-    (("data.label_field",), lambda c: c.data.format is not DataFormat.CLASSIFICATION,
+    Rule(("data.label_field",), lambda c: c.data.format is not DataFormat.CLASSIFICATION,
      lambda c: f"it applies with data.format=classification, not {c.data.format}"),
-    (("data.eval_fraction",), lambda c: c.data.eval_path is not None,
+    Rule(("data.eval_fraction",), lambda c: c.data.eval_path is not None,
      lambda c: f"data.eval_path={c.data.eval_path} is the evaluation split"),
-    (("model.num_labels", "model.labels"),
+    Rule(("model.num_labels", "model.labels"),
      lambda c: c.model.task is not Task.SEQUENCE_CLASSIFICATION,
      lambda c: f"it applies with model.task=sequence-classification, not {c.model.task}"),
-    (("data.images.*",), lambda c: c.data.format is not DataFormat.IMAGES,
+    Rule(("data.images.*",), lambda c: c.data.format is not DataFormat.IMAGES,
      lambda c: f"it applies with data.format=images, not {c.data.format}"),
-    (("model.reconstruction_loss",), lambda c: c.model.task is not Task.AUTOENCODER,
+    Rule(("model.reconstruction_loss",), lambda c: c.model.task is not Task.AUTOENCODER,
      lambda c: f"it applies with model.task=autoencoder, not {c.model.task}"),
 ]
 
 
-def warn_ignored_keys(config: Config, raw: Mapping[str, Any]) -> None:
+def warn_ignored_keys(config: Config, raw: Mapping[str, Any], more: Iterable[Rule] = ()
+                      ) -> None:
     """One IgnoredKeyWarning per key that ``raw`` (the mapping ``config`` was built
-    from) sets and ``config`` ignores."""
-    for message in ignored_keys(config, chosen_keys(config, raw)):
+    from) sets and ``config`` ignores, by this module's rules and ``more``."""
+    for message in ignored_keys(config, chosen_keys(config, raw), more):
         warnings.warn(message, IgnoredKeyWarning, stacklevel=3)
 
 
-def ignored_keys(config: Config, chosen: Collection[str]) -> list[str]:
+def ignored_keys(config: Config, chosen: Collection[str], more: Iterable[Rule] = ()
+                 ) -> list[str]:
     """'KEY=VALUE is ignored: WHY' for each of the ``chosen`` dotted keys ``config`` ignores
     (the first reason that applies)."""
     values = flatten(to_mapping(config))
+    rules = [*_RULES, *more]
     messages = []
     for key in sorted(chosen):
-        for patterns, ignored, why in _RULES:
+        for patterns, ignored, why in rules:
             if ignored(config) and any(_matches(key, pattern) for pattern in patterns):
                 messages.append(f"{key}={_show(values[key])} is ignored: {why(config)}")
                 break

@@ -1,4 +1,5 @@
-"""YAML + ``section.key=value`` overrides -> a validated, frozen ``Config``.
+"""YAML + ``section.key=value`` overrides -> a typed, frozen ``Config`` (validated by
+memfit.techniques.config_checks, which asks the specs too).
 
 Unknown keys get a did-you-mean, wrong types name the key and the expected type, and
 closed choices list the valid values. Conversion is driven by the dataclass type hints
@@ -227,21 +228,10 @@ def merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def from_mapping(raw: dict[str, Any] | None) -> Config:
-    """Build and validate a Config from a raw mapping (YAML or Python); warns about the
-    keys it sets that the rest of the config ignores."""
-    from memfit.config.ignored import warn_ignored_keys
-    from memfit.config.validate import validate
-
-    config = build_unvalidated(Config, raw or {}, prefix="")
-    validate(config)
-    warn_ignored_keys(config, raw or {})
-    return config
-
-
-def load_config(path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None
-                ) -> Config:
-    """The CLI's entry point: ``base`` (e.g. the demo) <- YAML file <- overrides."""
+def read_raw(path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None
+             ) -> dict[str, Any]:
+    """The mapping a config is built from: ``base`` (e.g. the demo) <- YAML file <- overrides.
+    (memfit.techniques.config_checks builds and validates it.)"""
     raw = dict(base or {})
     if path is not None:
         raw = merge(raw, read_yaml(path))
@@ -249,7 +239,7 @@ def load_config(path: str | Path | None, overrides: list[str], base: dict[str, A
     # the run's config.yaml still names the same files when resumed from elsewhere.
     given = parse_overrides(overrides)
     _resolve_relative_paths(given, Path.cwd())
-    return from_mapping(merge(raw, given))
+    return merge(raw, given)
 
 
 def to_mapping(config: Any) -> Any:

@@ -8,9 +8,26 @@ Sections mirror the YAML file: ``model``, ``data``, ``adapter``, ``optimizer`` (
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
+from memfit.config.choices import (
+    AdapterKind,
+    BaseQuantization,
+    DataFormat,
+    DistributedStrategy,
+    GaloreInner,
+    GaloreProjector,
+    ImageNormalize,
+    ImageResize,
+    LayerwiseRefresh,
+    LrSchedule,
+    ModelDtype,
+    NonfiniteAction,
+    Precision,
+    ReconstructionLoss,
+    SubspaceChange,
+    Task,
+)
 from memfit.config.limits import (
     MAX_BATCH,
     MAX_CLASSES,
@@ -20,123 +37,6 @@ from memfit.config.limits import (
     MAX_STEPS,
     MAX_TOKENS,
 )
-
-
-class Choice(str, Enum):
-    """A closed set of strings; ``str(member)`` is the value users write."""
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class Task(Choice):
-    CAUSAL_LM = "causal-lm"
-    SEQUENCE_CLASSIFICATION = "sequence-classification"
-    AUTOENCODER = "autoencoder"
-    CUSTOM = "custom"
-
-
-class ModelDtype(Choice):
-    FLOAT32 = "float32"
-    BFLOAT16 = "bfloat16"
-    FLOAT16 = "float16"
-
-
-class DataFormat(Choice):
-    TEXT = "text"
-    INSTRUCTION = "instruction"
-    CHAT = "chat"
-    TENSORS = "tensors"
-    IMAGES = "images"
-    CLASSIFICATION = "classification"
-
-
-# Formats whose examples are token sequences (data.max_length tokens each).
-TOKEN_FORMATS = frozenset({DataFormat.TEXT, DataFormat.INSTRUCTION, DataFormat.CHAT})
-
-
-class ImageResize(Choice):
-    CROP = "crop"
-    STRETCH = "stretch"
-
-
-class ImageNormalize(Choice):
-    AUTO = "auto"
-    MINMAX = "minmax"
-
-
-class ReconstructionLoss(Choice):
-    MSE = "mse"
-    L1 = "l1"
-
-
-class AdapterKind(Choice):
-    NONE = "none"
-    LORA = "lora"
-    QLORA = "qlora"
-
-
-class BaseQuantization(Choice):
-    NF4 = "nf4"
-    INT8 = "int8"
-
-
-class OptimizerName(Choice):
-    ADAMW = "adamw"
-    ADAMW8BIT = "adamw8bit"
-    PAGED_ADAMW8BIT = "paged_adamw8bit"
-    ADAFACTOR = "adafactor"
-    GALORE = "galore"
-    SGD = "sgd"
-
-
-class GaloreProjector(Choice):
-    SVD = "svd"
-    RANDOMIZED_SVD = "randomized_svd"
-    ONLINE = "online"
-    RANDOM = "random"
-    APOLLO_MINI = "apollo_mini"
-
-
-class GaloreInner(Choice):
-    ADAMW = "adamw"
-    ADAMW8BIT = "adamw8bit"
-    ADAFACTOR = "adafactor"
-
-
-class SubspaceChange(Choice):
-    KEEP = "keep"
-    RESET = "reset"
-    REPROJECT = "reproject"
-
-
-class LayerwiseRefresh(Choice):
-    MICRO_BATCH = "micro_batch"
-    FULL_GRADIENT = "full_gradient"
-
-
-class Precision(Choice):
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP16 = "fp16"
-    BF16_PURE = "bf16-pure"
-
-
-class LrSchedule(Choice):
-    CONSTANT = "constant"
-    LINEAR = "linear"
-    COSINE = "cosine"
-
-
-class NonfiniteAction(Choice):
-    STOP = "stop"
-    SKIP = "skip"
-
-
-class DistributedStrategy(Choice):
-    NONE = "none"
-    DDP = "ddp"
-    FSDP = "fsdp"
 
 
 def doc(text: str, limits: tuple[int, int] | None = None, **kwargs):
@@ -387,10 +287,11 @@ class GaloreConfig:
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    name: OptimizerName | str = doc(
-        "Optimizer, or the class path 'package.module:Class' (or 'file.py:Class') of any "
+    name: str = doc(
+        "Optimizer: one of memfit's (`memfit env` lists them, docs/optimizers.md says what "
+        "each keeps), or the class path 'package.module:Class' (or 'file.py:Class') of any "
         "torch.optim.Optimizer, built as Class(groups, lr=optimizer.lr, **optimizer.kwargs).",
-        default=OptimizerName.ADAMW)
+        default="adamw")
     kwargs: dict[str, Any] = doc(
         "Keyword arguments of a class-path optimizer.name (e.g. {momentum: 0.9}).",
         default_factory=dict)
@@ -398,8 +299,12 @@ class OptimizerConfig:
     weight_decay: float = doc(
         "Decoupled weight decay; never applied to norms, biases or embeddings.", default=0.0
     )
-    betas: tuple[float, float] = doc("Adam betas.", default=(0.9, 0.999))
-    eps: float = doc("Adam epsilon.", default=1e-8)
+    betas: tuple[float, float] | None = doc(
+        "Moment coefficients (beta1, beta2) of the optimizers that keep moments. null: the "
+        "named optimizer's own (docs/optimizers.md lists each one's).", default=None)
+    eps: float | None = doc(
+        "Denominator epsilon of the Adam-type optimizers. null: the named optimizer's own.",
+        default=None)
     layerwise: bool = doc(
         "Step each parameter inside backward so at most one full gradient is alive "
         "(gradient accumulation still works).",

@@ -1,6 +1,8 @@
 """Cross-key rules, checked before anything is built.
 
-Each rule raises a ConfigError naming the keys involved and what would be valid.
+Each rule raises a ConfigError naming the keys involved and what would be valid. The rules
+that ask an optimizer's or a strategy's spec live with the specs
+(memfit.techniques.config_checks), which run these first.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ import math
 
 from memfit._utils.errors import ConfigError
 from memfit._utils.sizes import parse_bytes
+from memfit.config.choices import TOKEN_FORMATS
 from memfit.config.limits import (
     MAX_CLASSES,
     MAX_EPOCHS,
@@ -18,14 +21,12 @@ from memfit.config.limits import (
     check_int_limits,
 )
 from memfit.config.schema import (
-    TOKEN_FORMATS,
     AdapterKind,
     Config,
     DataFormat,
     DistributedStrategy,
     ModelDtype,
     NonfiniteAction,
-    OptimizerName,
     Precision,
     Task,
 )
@@ -33,7 +34,6 @@ from memfit.config.schema import (
 
 def validate(config: Config) -> None:
     check_control_characters(config)
-    _check_optimizer_name(config)
     _check_model(config)
     _check_numbers(config)
     _check_combinations(config)
@@ -72,7 +72,7 @@ def _check_numbers(config: Config) -> None:
             raise ConfigError(f"{key} must be {valid}, got {value}")
     check_count("train.epochs", config.train.epochs, 0, MAX_EPOCHS)
     betas = config.optimizer.betas
-    if not all(math.isfinite(beta) and 0 <= beta < 1 for beta in betas):
+    if betas is not None and not all(math.isfinite(beta) and 0 <= beta < 1 for beta in betas):
         raise ConfigError(
             f"optimizer.betas must be two numbers each in [0, 1), got [{betas[0]}, {betas[1]}]")
     if config.memory.budget is not None:
@@ -91,7 +91,6 @@ def _float_domains(config: Config):
     """Every float key of schema.py with its valid range: (key, value, (test, words))."""
     domains = [
         ("optimizer.lr", config.optimizer.lr, _ABOVE_ZERO),
-        ("optimizer.eps", config.optimizer.eps, _ABOVE_ZERO),
         ("optimizer.weight_decay", config.optimizer.weight_decay, _ZERO_OR_MORE),
         ("optimizer.galore.scale", config.optimizer.galore.scale, _ABOVE_ZERO),
         ("adapter.alpha", config.adapter.alpha, _ABOVE_ZERO),
@@ -99,6 +98,8 @@ def _float_domains(config: Config):
         ("data.eval_fraction", config.data.eval_fraction, _FRACTION),
         ("train.epochs", config.train.epochs, _ABOVE_ZERO),
     ]
+    if config.optimizer.eps is not None:
+        domains.append(("optimizer.eps", config.optimizer.eps, _ABOVE_ZERO))
     if config.train.max_grad_norm is not None:
         domains.append(("train.max_grad_norm", config.train.max_grad_norm,
                         (_ABOVE_ZERO[0], "above 0 and finite, or null to disable clipping")))
@@ -144,16 +145,6 @@ def _check_combinations(config: Config) -> None:
             "every gradient before any step, and layer-wise steps run inside backward; use "
             "bf16 or fp32"
         )
-    pure = config.precision is Precision.BF16_PURE
-    if pure and not _optimizer_spec(config).rounds_stochastically:
-        from memfit.techniques.optimizers import SPECS
-
-        rounding = " or ".join(name.value for name, spec in SPECS.items()
-                               if spec.rounds_stochastically)
-        raise ConfigError(
-            f"precision=bf16-pure needs optimizer.name {rounding} (they update bf16 "
-            f"weights with stochastic rounding), not {config.optimizer.name}"
-        )
     if config.model.dtype is ModelDtype.FLOAT16 and config.precision is Precision.BF16_PURE:
         raise ConfigError("model.dtype=float16 contradicts precision=bf16-pure, which trains "
                           "bfloat16 weights; drop model.dtype or use precision=fp16")
@@ -174,40 +165,11 @@ def _check_combinations(config: Config) -> None:
         raise ConfigError("memory.auto=true needs memory.budget (e.g. memory.budget=24GiB)")
 
 
-def _optimizer_spec(config: Config):
-    """The optimizer's own spec: what it cannot combine with lives there. (Imported here,
-    not at the top: the specs build on this package.)"""
-    from memfit.techniques.optimizers import spec_for
-
-    return spec_for(config)
-
-
-def _check_optimizer_name(config: Config) -> None:
-    name = config.optimizer.name
-    if isinstance(name, OptimizerName):
-        return
-    if ":" not in name:
-        choices = ", ".join(member.value for member in OptimizerName)
-        raise ConfigError(f"optimizer.name={name!r} is not one of: {choices}, or a class path "
-                          "'package.module:Class' of a torch.optim.Optimizer")
-
-
 def _check_distributed(config: Config) -> None:
     strategy, nproc = config.distributed.strategy, config.distributed.nproc
-    if strategy is DistributedStrategy.NONE:
-        if nproc > 1:
-            raise ConfigError(f"distributed.nproc={nproc} needs distributed.strategy=ddp "
-                              "(every process holds the whole model) or fsdp (sharded)")
-        return
-    # What a strategy cannot train lives in its spec (imported here, not at the top: it
-    # builds on torch.distributed and on this package).
-    from memfit.techniques.distribution import strategy_for
-
-    why = strategy_for(config).refusal(config)
-    if why is not None:
-        raise ConfigError(f"distributed.strategy={strategy} cannot be combined with {why} (or "
-                          "use distributed.strategy=ddp, which trains it when the model fits "
-                          "on one device)")
+    if strategy is DistributedStrategy.NONE and nproc > 1:
+        raise ConfigError(f"distributed.nproc={nproc} needs distributed.strategy=ddp "
+                          "(every process holds the whole model) or fsdp (sharded)")
 
 
 def _check_nonfinite(config: Config) -> None:

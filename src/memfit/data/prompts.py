@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from memfit.config.schema import TOKEN_FORMATS, DataFormat
+from memfit.config.choices import TOKEN_FORMATS
+from memfit.config.schema import DataFormat
 from memfit.data import chat, instruction
 from memfit.data.read import Row
 from memfit.data.tokens import bos_ids, tokenize

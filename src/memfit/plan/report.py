@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from memfit._utils.sizes import format_bytes
 from memfit.accounting import CATEGORIES
-from memfit.config.schema import TOKEN_FORMATS, Config, DataFormat
+from memfit.config.choices import TOKEN_FORMATS
+from memfit.config.schema import Config, DataFormat
 from memfit.plan.itemize import Estimate
 from memfit.plan.longest import MIN_LENGTH, LongestFit
 from memfit.plan.planner import Plan

@@ -28,7 +28,7 @@ from memfit.checkpoint.export import export_trained
 from memfit.checkpoint.folders import checkpoint_folders
 from memfit.checkpoint.sharded import gathered_state_dict
 from memfit.checkpoint.state import BASE_FILE, CONFIG_FILE, DATA_FILE
-from memfit.config import Config, from_mapping, to_yaml
+from memfit.config import Config, to_yaml
 from memfit.config.load import read_yaml
 from memfit.config.resume import check_resume_changes
 from memfit.config.schema import AdapterKind
@@ -45,6 +45,7 @@ from memfit.monitor.memory_plot import plot_memory
 from memfit.monitor.metrics import MetricsLogger, read_metrics, strict_json
 from memfit.monitor.progress import ProgressBar
 from memfit.techniques.adapter_map import original_parameter_count
+from memfit.techniques.config_checks import from_mapping
 from memfit.training.build import Run, build_run
 from memfit.training.fit import auto_fit, refuse_too_large_preset
 from memfit.training.loop import train_steps

@@ -19,9 +19,10 @@ import torch
 from torch.utils._pytree import tree_map
 
 from memfit._utils.errors import ConfigError
-from memfit.config import from_mapping, to_mapping
+from memfit.config import to_mapping
 from memfit.config.schema import Config
 from memfit.plan.strategies import next_cheaper, with_overrides
+from memfit.techniques.config_checks import from_mapping
 from memfit.training.build import Run, build_run
 
 # Rungs the loop applies without rebuilding anything.

@@ -35,12 +35,13 @@ from memfit.checkpoint import adapter_checks, newest_intact_checkpoint
 from memfit.checkpoint.export import BUFFERS_FILE, PARTS_FILE, load_trained_buffers
 from memfit.checkpoint.sharded import is_sharded_checkpoint, load_trainable
 from memfit.checkpoint.state import buffer_state
-from memfit.config import Config, from_mapping
+from memfit.config import Config
 from memfit.config.load import read_yaml
 from memfit.config.schema import AdapterKind, Precision
 from memfit.models.export_module import exported_module
 from memfit.models.load import TORCH_DTYPES, load_model
 from memfit.techniques import quantize
+from memfit.techniques.config_checks import from_mapping
 from memfit.techniques.lora_parts import fused_width
 from memfit.techniques.registry import frozen_storage_dtype
 from memfit.training.build import load_base, seed_everything

@@ -13,7 +13,7 @@ from memfit.bench.cases import BASELINE, BY_NAME, CASES, GROUPS, select
 from memfit.bench.models import MODELS
 from memfit.bench.peers import PEERS
 from memfit.bench.runner import base_mapping, case_mapping, memory_every, slug
-from memfit.config import from_mapping
+from memfit.techniques.config_checks import from_mapping
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: slug(case.name))

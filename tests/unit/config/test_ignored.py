@@ -6,8 +6,9 @@ import warnings
 
 import pytest
 
-from memfit.config import from_mapping, to_mapping
+from memfit.config import to_mapping
 from memfit.config.ignored import IgnoredKeyWarning, chosen_keys, ignored_keys
+from memfit.techniques.config_checks import from_mapping
 
 BASE = {"model": {"preset": "tiny-llama"}, "data": {"path": "rows.jsonl"}}
 

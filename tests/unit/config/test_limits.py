@@ -11,7 +11,6 @@ import pytest
 
 from memfit._utils.errors import ConfigError
 from memfit._utils.sizes import parse_bytes
-from memfit.config import from_mapping
 from memfit.config.limits import (
     MAX_CONFIG_BYTES,
     MAX_YAML_DEPTH,
@@ -21,6 +20,7 @@ from memfit.config.limits import (
 )
 from memfit.config.load import parse_overrides, read_yaml
 from memfit.config.schema import Config
+from memfit.techniques.config_checks import from_mapping
 
 INT_LIMITS = int_limits(Config)  # every whole-number key's bounds, from schema.py
 

@@ -3,8 +3,9 @@ from pathlib import Path
 import pytest
 
 from memfit._utils.errors import ConfigError
-from memfit.config import from_mapping, load_config, to_mapping
-from memfit.config.schema import AdapterKind, Config, OptimizerName, Precision
+from memfit.config import to_mapping
+from memfit.config.schema import AdapterKind, Config, Precision
+from memfit.techniques.config_checks import from_mapping, load_config
 
 MINIMAL = {"model": {"preset": "tiny-llama"}, "data": {"path": "rows.jsonl"}}
 
@@ -18,7 +19,8 @@ def config_with(**sections) -> dict:
 
 def test_minimal_config_gets_documented_defaults():
     config = from_mapping(MINIMAL)
-    assert config.optimizer.name is OptimizerName.ADAMW
+    assert config.optimizer.name == "adamw"
+    assert config.optimizer.betas is None  # the optimizer's own (AdamW: (0.9, 0.999))
     assert config.precision is Precision.FP32
     assert config.adapter.kind is AdapterKind.NONE
     assert config.train.micro_batch_size == 4

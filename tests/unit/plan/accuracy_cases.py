@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memfit.config import from_mapping
 from memfit.config.schema import Config
+from memfit.techniques.config_checks import from_mapping
 
 SEQUENCE = 64
 MICRO_BATCH = 2

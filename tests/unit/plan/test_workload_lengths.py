@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from accuracy_cases import measure_peak_bytes
 
-from memfit.config import from_mapping
 from memfit.data import build_datasets
 from memfit.models.load import load_tokenizer
 from memfit.plan import estimate
 from memfit.plan.workload import TokenShape, token_shape
+from memfit.techniques.config_checks import from_mapping
 from memfit.training.batches import BatchStream
 
 MAX_LENGTH = 256

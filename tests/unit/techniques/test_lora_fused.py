@@ -11,11 +11,11 @@ from torch import nn
 from transformers import GPT2Config, GPT2LMHeadModel, Phi3Config, Phi3ForCausalLM
 
 from memfit._utils.errors import ConfigError
-from memfit.config import from_mapping
 from memfit.config.schema import AdapterConfig
 from memfit.plan import meta
 from memfit.techniques import lora
 from memfit.techniques.adapter_map import adapter_map
+from memfit.techniques.config_checks import from_mapping
 from memfit.training.build import load_base, prepare_model
 
 

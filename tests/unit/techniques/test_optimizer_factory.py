@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from memfit.config import from_mapping
 from memfit.optim import GaLore, LayerwiseOptimizer
+from memfit.techniques.config_checks import from_mapping
 from memfit.techniques.optimizers import build_optimizer
 
 

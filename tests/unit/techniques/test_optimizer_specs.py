@@ -7,9 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from memfit.config import from_mapping
-from memfit.config.schema import GaloreProjector, OptimizerName
+from memfit._utils.errors import ConfigError
+from memfit.config.schema import GaloreProjector
 from memfit.plan import costs, next_cheaper
+from memfit.techniques.config_checks import from_mapping
 from memfit.techniques.optimizers import SPECS, build_optimizer, spec_for
 from memfit.techniques.optimizers.groups import galore_targets
 
@@ -56,10 +57,11 @@ def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int =
         optimizer.step()
 
 
-def test_every_optimizer_name_has_a_spec() -> None:
-    assert set(SPECS) == set(OptimizerName)
+def test_every_registered_optimizer_is_known_by_its_own_name() -> None:
     for name, spec in SPECS.items():
-        assert spec.name == name.value
+        assert spec.name == name and spec_for(_config({"name": name})) is spec
+    with pytest.raises(ConfigError, match="optimizer.name='lamb' is not one of: adamw, "):
+        _config({"name": "lamb"})
 
 
 GALORE = [{"name": "galore", "galore": {"projector": projector.value, "inner": "adamw",
@@ -69,8 +71,8 @@ GALORE = [{"name": "galore", "galore": {"projector": projector.value, "inner": "
     {"name": "galore", "galore": {"rank": 4, "inner": "adamw8bit"}},
     {"name": "galore", "galore": {"rank": 4, "inner": "adafactor"}},
     {"name": "galore", "galore": {"rank": 4, "modules": ["mlp"]}}]
-CASES = [{"name": "adamw"}, {"name": "adamw8bit"}, {"name": "adafactor"}, {"name": "sgd"},
-         *GALORE]
+# Every registered optimizer with its defaults, then GaLore's variants.
+CASES = [*({"name": name} for name in SPECS), *GALORE[1:]]
 
 
 @pytest.mark.parametrize("model", [_llama, _gpt2], ids=["llama", "gpt2"])
@@ -80,10 +82,15 @@ def test_planned_state_is_the_state_a_step_leaves(model, optimizer: dict) -> Non
     config = _config(optimizer)
     built = model()
     planned = costs.optimizer_cost(costs.trainable_params(built, config), config).state_bytes
-    real = build_optimizer(built, config)
+    try:
+        real = build_optimizer(built, config)
+    except ConfigError as error:  # paged_adamw8bit pages GPU memory
+        if "needs CUDA" not in str(error):
+            raise
+        pytest.skip(str(error))
     _step(built, real)
     # bitsandbytes keeps two shared 256-value fp32 quantisation maps the planner leaves out.
-    shared_maps = 2 * 256 * 4 if optimizer["name"] == "adamw8bit" else 0
+    shared_maps = 2 * 256 * 4 if "adamw8bit" in optimizer["name"] else 0
     assert planned == _state_bytes(real) - shared_maps
 
 

@@ -115,8 +115,8 @@ def test_hugging_face_folder_loads_quantized_and_keeps_its_head(tmp_path):
     import bitsandbytes as bnb
     from transformers import AutoModelForCausalLM
 
-    from memfit.config.load import from_mapping
     from memfit.models.presets import tiny_llama
+    from memfit.techniques.config_checks import from_mapping
     from memfit.training.build import load_base, prepare_model
 
     AutoModelForCausalLM.from_config(tiny_llama()).save_pretrained(tmp_path / "base")

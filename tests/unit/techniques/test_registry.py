@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from memfit._utils.errors import ConfigError
-from memfit.config.load import from_mapping
 from memfit.config.schema import AdapterConfig, AdapterKind, Config, MemoryConfig, Precision
 from memfit.plan import meta
 from memfit.techniques import checkpointing, registry, specs
+from memfit.techniques.config_checks import from_mapping
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer
 from memfit.training.build import load_base, prepare_model, seed_everything
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memfit.config.load import from_mapping
+from memfit.techniques.config_checks import from_mapping
 from memfit.techniques.training_loss import TrainingLoss
 
 

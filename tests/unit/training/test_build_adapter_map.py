@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from memfit.config.load import load_config
+from memfit.techniques.config_checks import load_config
 from memfit.training.build import build_run
 
 

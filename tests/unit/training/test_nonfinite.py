@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import TrainingDiverged
-from memfit.config import from_mapping
+from memfit.techniques.config_checks import from_mapping
 from memfit.training.nonfinite import (
     DivergenceGuard,
     Verdict,

@@ -36,5 +36,7 @@ def _cost(param: Param, config: Config) -> ParamCost:
     return ParamCost(rows_and_columns * param.element_size + 4, 2 * param.nbytes, param.nbytes)
 
 
-SPEC = OptimizerSpec(name="adafactor", factory=_factory, costs=per_param(_cost),
-                     steps_local_rows=True)
+SPEC = OptimizerSpec(
+    name="adafactor",
+    docs_row=("`torch.optim.Adafactor` (see below)", "(m + n) x 4 bytes per m x n matrix"),
+    factory=_factory, costs=per_param(_cost), steps_local_rows=True)

@@ -12,7 +12,13 @@ from __future__ import annotations
 from memfit.config.schema import Config, Precision
 from memfit.optim.bounded_adamw import step_scratch_bound
 from memfit.optim.inner import chunked_update_scratch_bytes
+from memfit.techniques.optimizers.options import adam_options
 from memfit.techniques.optimizers.spec import (
+    LAYERWISE,
+    PLAIN,
+    PURE,
+    PURE_LAYERWISE,
+    BenchLine,
     Factory,
     OptimizerSpec,
     Param,
@@ -21,21 +27,18 @@ from memfit.techniques.optimizers.spec import (
     per_param,
 )
 
-
-def adam_options(config: Config) -> dict:
-    """lr, betas, eps: what every Adam-type optimizer of memfit takes from optimizer.*."""
-    optimizer = config.optimizer
-    return {"lr": optimizer.lr, "betas": optimizer.betas, "eps": optimizer.eps}
+# Adam's defaults (Loshchilov & Hutter 2019, as torch.optim.AdamW).
+ADAM_OPTIONS = {"betas": (0.9, 0.999), "eps": 1e-8}
 
 
 def _factory(config: Config) -> Factory:
     if config.precision is Precision.BF16_PURE:
         from memfit.optim import AdamW
 
-        return lambda groups: AdamW(groups, **adam_options(config))
+        return lambda groups: AdamW(groups, **adam_options(config, ADAM_OPTIONS))
     from memfit.optim.bounded_adamw import BoundedAdamW
 
-    return lambda groups: BoundedAdamW(groups, **adam_options(config))
+    return lambda groups: BoundedAdamW(groups, **adam_options(config, ADAM_OPTIONS))
 
 
 def _cost(param: Param, config: Config) -> ParamCost:
@@ -55,6 +58,14 @@ def _step_scratch(params: list[Param], costs: list[ParamCost], config: Config) -
 
 SPEC = OptimizerSpec(
     name="adamw",
+    docs_row=("`memfit.optim.BoundedAdamW`: torch's AdamW (foreach) stepped in batches of at "
+              "most 64 MiB of parameters, so the step's scratch is one batch, not a whole "
+              "group (same arithmetic and state_dict as torch's); with "
+              "`precision=bf16-pure`, `memfit.optim.AdamW` (fp32 moments, update written "
+              "back to the bf16 weight with stochastic rounding)", "8 bytes"),
+    options=ADAM_OPTIONS,
+    bench=(BenchLine("adamw", {"optimizer.name": "adamw"},
+                     (PLAIN, LAYERWISE, PURE, PURE_LAYERWISE)),),
     factory=_factory,
     costs=per_param(_cost),
     step_scratch=_step_scratch,

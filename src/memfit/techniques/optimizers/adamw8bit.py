@@ -12,7 +12,8 @@ import torch
 
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import Config
-from memfit.techniques.optimizers.adamw import adam_options
+from memfit.techniques.optimizers.adamw import ADAM_OPTIONS
+from memfit.techniques.optimizers.options import adam_options
 from memfit.techniques.optimizers.spec import (
     Factory,
     OptimizerSpec,
@@ -24,7 +25,6 @@ from memfit.techniques.optimizers.spec import (
 # bitsandbytes 8-bit optimizers keep fp32 state for tensors smaller than this.
 BNB_MIN_8BIT_SIZE = 4096
 QUANT_BLOCK = 256  # values per absmax scale
-
 
 
 def _paged_refusal(config: Config) -> str:
@@ -41,10 +41,11 @@ def _factory(paged: bool):
         if paged:
             import bitsandbytes as bnb
 
-            return lambda groups: bnb.optim.PagedAdamW8bit(groups, **adam_options(config))
+            options = adam_options(config, ADAM_OPTIONS)
+            return lambda groups: bnb.optim.PagedAdamW8bit(groups, **options)
         from memfit.optim.adamw8bit import AdamW8bit
 
-        return lambda groups: AdamW8bit(groups, **adam_options(config))
+        return lambda groups: AdamW8bit(groups, **adam_options(config, ADAM_OPTIONS))
 
     return make
 
@@ -58,7 +59,16 @@ def _cost(param: Param, config: Config) -> ParamCost:
 
 # Under FSDP2 each process quantizes its own rows (bitsandbytes' kernels take plain
 # tensors): its blocks of 256 start at its first row, not at the whole tensor's.
-SPEC = OptimizerSpec(name="adamw8bit", factory=_factory(paged=False), costs=per_param(_cost),
-                     steps_local_rows=True)
-PAGED_SPEC = OptimizerSpec(name="paged_adamw8bit", factory=_factory(paged=True),
-                           costs=per_param(_cost), fsdp_refusal=_paged_refusal)
+SPEC = OptimizerSpec(
+    name="adamw8bit",
+    docs_row=("`bitsandbytes.optim.AdamW8bit` (block-wise 8-bit moments; tensors under 4096 "
+              "values keep fp32 moments)", "~2 bytes"),
+    options=ADAM_OPTIONS, factory=_factory(paged=False), costs=per_param(_cost),
+    steps_local_rows=True)
+PAGED_SPEC = OptimizerSpec(
+    name="paged_adamw8bit",
+    docs_row=("`bitsandbytes.optim.PagedAdamW8bit`; needs CUDA (a clear error on CPU)",
+              "~2 bytes, paged to host under pressure"),
+    options=ADAM_OPTIONS, factory=_factory(paged=True), costs=per_param(_cost),
+    fsdp_refusal=_paged_refusal,
+    bench=())  # CUDA only: the CPU benchmark cannot run it

@@ -27,7 +27,6 @@ from memfit.config.schema import (
     Config,
     DistributedStrategy,
     GaloreProjector,
-    OptimizerName,
     Precision,
 )
 from memfit.distributed.fsdp import is_sharded
@@ -42,7 +41,7 @@ def projects_in_backward(config: Config) -> bool:
     offload), where GradScaler must unscale the gradients (fp16) or where FSDP2 shards the
     weights (R would be a partial sum over each process's micro-batch)."""
     optimizer = config.optimizer
-    return (optimizer.name is OptimizerName.GALORE and optimizer.galore.project_in_backward
+    return (optimizer.name == "galore" and optimizer.galore.project_in_backward
             and config.distributed.strategy is not DistributedStrategy.FSDP
             and optimizer.galore.projector in (GaloreProjector.SVD,
                                                GaloreProjector.RANDOMIZED_SVD)

@@ -109,4 +109,11 @@ def _costs(params: list[Param], config: Config) -> list[ParamCost]:
 
 
 def spec(config: Config) -> OptimizerSpec:
-    return OptimizerSpec(name=config.optimizer.name, factory=_factory, costs=_costs)
+    return OptimizerSpec(name=config.optimizer.name, docs_row=DOCS_ROW, options={"kwargs": None},
+                         factory=_factory, costs=_costs, bench=())
+
+
+DOCS_ROW = ("any `torch.optim.Optimizer` you bring: `Class(groups, lr=optimizer.lr, "
+            "**optimizer.kwargs)` over memfit's parameter groups",
+            "what one step on fake tensors leaves (`memfit plan` learns it; an optimizer that "
+            "reads values with `.item()` cannot be planned and `memfit plan` says so)")

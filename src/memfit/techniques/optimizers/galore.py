@@ -18,14 +18,21 @@ from __future__ import annotations
 
 from torch import nn
 
+from memfit.config.ignored import Rule
 from memfit.config.schema import Config, GaloreInner, GaloreProjector
 from memfit.optim.galore import GaLore
 from memfit.optim.galore_layout import RAW_GRADIENT_PROJECTORS
 from memfit.optim.inner import chunked_update_scratch_bytes
 from memfit.optim.layerwise import LayerwiseOptimizer
-from memfit.techniques.optimizers.adamw import adam_options
+from memfit.techniques.optimizers.adamw import ADAM_OPTIONS
 from memfit.techniques.optimizers.groups import galore_targets
+from memfit.techniques.optimizers.options import adam_options
 from memfit.techniques.optimizers.spec import (
+    LAYERWISE,
+    PLAIN,
+    PURE,
+    PURE_LAYERWISE,
+    BenchLine,
     Factory,
     OptimizerSpec,
     Param,
@@ -46,7 +53,8 @@ def group_settings(config: Config, projected: bool) -> dict:
 def _factory(config: Config) -> Factory:
     galore = config.optimizer.galore
     return lambda groups: GaLore(
-        groups, **adam_options(config), rank=galore.rank, update_gap=galore.update_gap,
+        groups, **adam_options(config, ADAM_OPTIONS), rank=galore.rank,
+        update_gap=galore.update_gap,
         scale=galore.scale, projector=galore.projector.value, inner=galore.inner.value,
         subspace_change=galore.subspace_change.value)
 
@@ -117,7 +125,46 @@ def _cheaper(config: Config) -> dict | None:
     return None
 
 
+# Keys its own settings make ignored (config/ignored.py's rules).
+_IGNORED = (
+    Rule(("optimizer.galore.layerwise_refresh",), lambda c: not c.optimizer.layerwise,
+         lambda c: "it applies with optimizer.layerwise=true"),
+    Rule(("optimizer.galore.project_in_backward",),
+         lambda c: c.optimizer.galore.projector not in (GaloreProjector.SVD,
+                                                        GaloreProjector.RANDOMIZED_SVD),
+         lambda c: f"optimizer.galore.projector={c.optimizer.galore.projector} needs every "
+                   "full gradient (it applies with svd or randomized_svd)"),
+    Rule(("optimizer.galore.rank",),
+         lambda c: c.optimizer.galore.projector is GaloreProjector.APOLLO_MINI,
+         lambda c: "optimizer.galore.projector=apollo_mini projects to rank 1"),
+)
+
+
+def _line(projector: GaloreProjector, inner: GaloreInner, *modes: tuple[bool, str],
+          **more: str) -> BenchLine:
+    label = f"galore {projector}/{inner}" + "".join(f", {k}={v}" for k, v in more.items())
+    settings = {"optimizer.name": "galore", "optimizer.galore.projector": projector.value,
+                "optimizer.galore.inner": inner.value,
+                **{f"optimizer.galore.{key}": value for key, value in more.items()}}
+    return BenchLine(label, settings, modes)
+
+
+# Every projector with adamw and adamw8bit; the default run measures the variants where
+# the picture changes (the projector hardly changes memory, so they use randomized_svd).
+_RSVD, _ADAMW, _8BIT = GaloreProjector.RANDOMIZED_SVD, GaloreInner.ADAMW, GaloreInner.ADAMW8BIT
+_BENCH = (*(_line(p, _ADAMW, PLAIN, LAYERWISE) if p is _RSVD else _line(p, _ADAMW, PLAIN)
+            for p in GaloreProjector),
+          _line(_RSVD, _ADAMW, PLAIN, project_in_backward="false"),
+          *(_line(p, _8BIT, PLAIN, LAYERWISE, PURE, PURE_LAYERWISE) if p is _RSVD
+            else _line(p, _8BIT) for p in GaloreProjector),
+          _line(_RSVD, GaloreInner.ADAFACTOR, PURE_LAYERWISE))
+
 SPEC = OptimizerSpec(
-    name="galore", factory=_factory, costs=per_param(_cost), targets=_targets,
+    name="galore",
+    docs_row=("`memfit.optim.GaLore`, ours (the reference code cannot be resumed, loses "
+              "accumulation per layer, and its 8-bit variant breaks on bitsandbytes 0.50 and "
+              "calls CUDA on CPU)", "P (s x r, fp32) + inner moments on r x l"),
+    options={**ADAM_OPTIONS, "galore": None}, ignored=_IGNORED, bench=_BENCH,
+    factory=_factory, costs=per_param(_cost), targets=_targets,
     rounds_stochastically=True, steps_local_rows=True, row_shard_state=_row_shard_state,
     fsdp_refusal=_fsdp_refusal, cheaper=_cheaper)

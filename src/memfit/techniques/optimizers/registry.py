@@ -1,24 +1,35 @@
 """Every optimizer memfit knows, by optimizer.name (one spec file each), and the spec of
-the one a config names (a class path gets class_path's)."""
+the one a config names (a class path gets class_path's). One line per optimizer below."""
 
 from __future__ import annotations
 
-from memfit.config.schema import Config, OptimizerName
+from memfit._utils.errors import ConfigError
+from memfit.config.schema import Config
 from memfit.techniques.optimizers import adafactor, adamw, adamw8bit, class_path, galore, sgd
 from memfit.techniques.optimizers.spec import OptimizerSpec
 
-SPECS: dict[OptimizerName, OptimizerSpec] = {
-    OptimizerName.ADAMW: adamw.SPEC,
-    OptimizerName.ADAMW8BIT: adamw8bit.SPEC,
-    OptimizerName.PAGED_ADAMW8BIT: adamw8bit.PAGED_SPEC,
-    OptimizerName.ADAFACTOR: adafactor.SPEC,
-    OptimizerName.GALORE: galore.SPEC,
-    OptimizerName.SGD: sgd.SPEC,
-}
+SPECS: dict[str, OptimizerSpec] = {spec.name: spec for spec in (
+    adamw.SPEC,
+    adamw8bit.SPEC,
+    adamw8bit.PAGED_SPEC,
+    adafactor.SPEC,
+    galore.SPEC,
+    sgd.SPEC,
+)}
+
+
+def is_class_path(name: str) -> bool:
+    """A class path 'package.module:Class' (or 'file.py:Class'); no built-in name has a
+    colon."""
+    return ":" in name
 
 
 def spec_for(config: Config) -> OptimizerSpec:
+    """The named optimizer's spec; a ConfigError naming the choices for an unknown name."""
     name = config.optimizer.name
-    if isinstance(name, OptimizerName):
+    if name in SPECS:
         return SPECS[name]
-    return class_path.spec(config)
+    if is_class_path(name):
+        return class_path.spec(config)
+    raise ConfigError(f"optimizer.name={name!r} is not one of: {', '.join(SPECS)}, or a class "
+                      "path 'package.module:Class' of a torch.optim.Optimizer")

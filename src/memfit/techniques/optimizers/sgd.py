@@ -8,5 +8,7 @@ from memfit.techniques.optimizers.spec import OptimizerSpec, ParamCost, per_para
 
 SPEC = OptimizerSpec(
     name="sgd",
+    docs_row=("`torch.optim.SGD`", "none"),
+    bench=(),  # no state: nothing for the memory benchmark to compare
     factory=lambda config: lambda groups: torch.optim.SGD(groups, lr=config.optimizer.lr),
     costs=per_param(lambda param, config: ParamCost(0, 0, param.nbytes)))

@@ -9,12 +9,14 @@ lists them.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from torch import nn
 from torch.optim import Optimizer
 
+from memfit.config.ignored import Rule
 from memfit.config.schema import Config
 from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.optimizers.step_moments import step_moments
@@ -71,14 +73,41 @@ def largest_scratch(params: list[Param], costs: list[ParamCost], config: Config)
     return max((cost.scratch for cost in costs), default=0)
 
 
+# The modes benchmarks/optimizers.py runs by default: (optimizer.layerwise, precision).
+PLAIN, LAYERWISE = (False, "fp32"), (True, "fp32")
+PURE, PURE_LAYERWISE = (False, "bf16-pure"), (True, "bf16-pure")
+
+
+@dataclass(frozen=True)
+class BenchLine:
+    """One line of benchmarks/optimizers.py: its label, the overrides that select it, and
+    the (layerwise, precision) modes its default run measures (``--all`` measures every
+    mode the optimizer accepts)."""
+
+    label: str
+    settings: Mapping[str, str]
+    modes: tuple[tuple[bool, str], ...] = (PLAIN, LAYERWISE)
+
+
 @dataclass(frozen=True)
 class OptimizerSpec:
     name: str  # optimizer.name
+    # Its row in docs/optimizers.md: (what implements it, the state it keeps per parameter).
+    docs_row: tuple[str, str]
     # optimizer.* (and precision) -> a factory over parameter groups; raises ConfigError
     # where this machine cannot run it.
     factory: Callable[[Config], Factory]
     # Bytes per trainable parameter, in the order given.
     costs: Callable[[list[Param], Config], list[ParamCost]]
+    # The optimizer.* keys it reads besides name, lr, weight_decay and layerwise, each with
+    # its own default for when the config leaves the key null (options.resolved_option).
+    # Any other optimizer.* key the user sets gets an ignored-key warning.
+    options: Mapping[str, Any] = field(default_factory=dict)
+    # Keys its own settings make ignored: config/ignored.py's rules, applied when it is the
+    # optimizer named.
+    ignored: tuple[Rule, ...] = ()
+    # Its lines in benchmarks/optimizers.py; None: one line, its name, in the default modes.
+    bench: tuple[BenchLine, ...] | None = None
     # Extra bytes alive at the worst moment of optimizer.step() over all parameters.
     step_scratch: Callable[[list[Param], list[ParamCost], Config], int] = largest_scratch
     # ids of the weights it treats specially (GaLore: the ones it projects), None when it
@@ -102,6 +131,12 @@ class OptimizerSpec:
     # Its peak moments in a training step (the planner takes the largest of every
     # contributor's): the optimizer step, or layer-wise updates inside backward.
     moments: Callable[[StepBytes, Config], list[Moment]] = step_moments
+
+
+def bench_lines(spec: OptimizerSpec) -> tuple[BenchLine, ...]:
+    if spec.bench is not None:
+        return spec.bench
+    return (BenchLine(spec.name, {"optimizer.name": spec.name}),)
 
 
 def per_param(cost: Callable[[Param, Config], ParamCost]

@@ -1,0 +1,54 @@
+"""A raw mapping -> a validated Config: the typed build and the rules of memfit.config, then
+the rules that ask the specs (an optimizer's name, what it or a distribution strategy
+cannot combine with) and the ignored-key warnings, the optimizers' derived from the keys
+their specs read. The entry points every caller uses: ``from_mapping`` and ``load_config``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from memfit._utils.errors import ConfigError
+from memfit.config.ignored import warn_ignored_keys
+from memfit.config.load import build_unvalidated, read_raw
+from memfit.config.schema import Config, DistributedStrategy, Precision
+from memfit.config.validate import validate
+from memfit.techniques.distribution import strategy_for
+from memfit.techniques.ignored_rules import optimizer_rules
+from memfit.techniques.optimizers.registry import SPECS, spec_for
+
+
+def from_mapping(raw: dict[str, Any] | None) -> Config:
+    """Build and validate a Config from a raw mapping (YAML or Python); warns about the
+    keys it sets that the rest of the config ignores."""
+    config = build_unvalidated(Config, raw or {}, prefix="")
+    spec_for(config)  # an unknown optimizer.name is the first thing to say
+    validate(config)
+    check_with_specs(config)
+    warn_ignored_keys(config, raw or {}, optimizer_rules(config))
+    return config
+
+
+def load_config(path: str | Path | None, overrides: list[str], base: dict[str, Any] | None = None
+                ) -> Config:
+    """The CLI's entry point: ``base`` (e.g. the demo) <- YAML file <- overrides."""
+    return from_mapping(read_raw(path, overrides, base))
+
+
+def check_with_specs(config: Config) -> None:
+    """The combinations an optimizer's or a strategy's spec refuses, as ConfigErrors."""
+    if config.precision is Precision.BF16_PURE and not spec_for(config).rounds_stochastically:
+        rounding = " or ".join(name for name, spec in SPECS.items()
+                               if spec.rounds_stochastically)
+        raise ConfigError(
+            f"precision=bf16-pure needs optimizer.name {rounding} (they update bf16 "
+            f"weights with stochastic rounding), not {config.optimizer.name}")
+    strategy = config.distributed.strategy
+    if strategy is DistributedStrategy.NONE:
+        return
+    why = strategy_for(config).refusal(config)
+    if why is not None:
+        raise ConfigError(f"distributed.strategy={strategy} cannot be combined with {why} (or "
+                          "use distributed.strategy=ddp, which trains it when the model fits "
+                          "on one device)")
