@@ -54,7 +54,9 @@ from memfit.bench.random_llama import (
 )
 from memfit.bench.script_case import case_config, memfit_training, peer_training
 from memfit.bench.table import text_table
-from memfit.config.schema import GaloreConfig
+from memfit.config.schema import GaloreConfig, GaloreProjector
+from memfit.techniques.optimizers import SPECS
+from memfit.techniques.optimizers.spec import bench_lines
 
 MIB = 2**20
 SEQUENCE, LR, ADAFACTOR_LR = 128, 1e-4, 1e-2
@@ -65,41 +67,28 @@ SCALE = 0.25
 QUICK = LlamaShape(hidden=256, layers=4, heads=4, intermediate=688, vocab=2000)
 CATEGORIES = ("weights", "grads", "optimizer", "activations", "temporaries")
 
-PROJECTORS = ("svd", "randomized_svd", "online", "random", "apollo_mini")
+PROJECTORS = tuple(projector.value for projector in GaloreProjector)
+# Every registered optimizer's lines, from its spec (``bench``): label -> overrides.
+LINES = [line for spec in SPECS.values() for line in bench_lines(spec)]
+OPTIMIZERS = {line.label: dict(line.settings) for line in LINES}
 # memfit's optimizers that write bf16 weights back with stochastic rounding.
-BF16_PURE_OPTIMIZERS = ("adamw", "galore")
-
-
-def _galore(projector: str, inner: str) -> tuple[str, dict[str, str]]:
-    return f"galore {projector}/{inner}", {
-        "optimizer.name": "galore", "optimizer.galore.projector": projector,
-        "optimizer.galore.inner": inner}
-
-
-OPTIMIZERS = dict([*((name, {"optimizer.name": name}) for name in
-                     ("adamw", "adamw8bit", "adafactor")),
-                   *(_galore(projector, "adamw") for projector in PROJECTORS),
-                   *(_galore(projector, "adamw8bit") for projector in PROJECTORS),
-                   _galore("randomized_svd", "adafactor")])
+BF16_PURE_OPTIMIZERS = tuple(name for name, spec in SPECS.items() if spec.rounds_stochastically)
 FULL_GRADIENT_GALORE = "galore randomized_svd/adamw, project_in_backward=false"
-OPTIMIZERS[FULL_GRADIENT_GALORE] = {**OPTIMIZERS["galore randomized_svd/adamw"],
-                                    "optimizer.galore.project_in_backward": "false"}
-# The default run, (optimizer, layer-wise, precision): every optimizer once, then layer-wise
-# and bf16-pure where they change the picture (the projector hardly changes memory, so the
-# variants use the default one). --all runs every combination (about twice as long).
-DEFAULT_COMBINATIONS = [
-    *((name, False, "fp32") for name in ("adamw", "adamw8bit", "adafactor",
-                                         *(f"galore {p}/adamw" for p in PROJECTORS),
-                                         FULL_GRADIENT_GALORE,
-                                         "galore randomized_svd/adamw8bit")),
-    *((name, True, "fp32") for name in ("adamw", "adamw8bit", "adafactor",
-                                        "galore randomized_svd/adamw",
-                                        "galore randomized_svd/adamw8bit")),
-    ("adamw", False, "bf16-pure"), ("adamw", True, "bf16-pure"),
-    ("galore randomized_svd/adamw8bit", False, "bf16-pure"),
-    ("galore randomized_svd/adamw8bit", True, "bf16-pure"),
-    ("galore randomized_svd/adafactor", True, "bf16-pure"),
-]
+
+
+def _in_table_order(combination: tuple[int, bool, str]) -> tuple:
+    """fp32 first (every line once, then layer-wise), then bf16-pure line by line."""
+    index, layerwise, precision = combination
+    pure = precision == "bf16-pure"
+    return (pure, not pure and layerwise, index, layerwise)
+
+
+# The default run, (optimizer, layer-wise, precision): the modes each spec's lines name
+# (every optimizer once, then layer-wise and bf16-pure where they change the picture).
+# --all runs every combination (about twice as long).
+DEFAULT_COMBINATIONS = [(LINES[index].label, layerwise, precision) for index, layerwise, precision
+                        in sorted(((index, *mode) for index, line in enumerate(LINES)
+                                   for mode in line.modes), key=_in_table_order)]
 
 
 def _memfit_case(optimizer: str, layerwise: bool, precision: str) -> Case:

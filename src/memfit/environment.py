@@ -87,6 +87,7 @@ def _cpu_bf16_autocast() -> None:
 
 def describe() -> list[tuple[str, str]]:
     from memfit.models.presets import preset_names
+    from memfit.techniques.optimizers import SPECS
 
     rows = [("python", platform.python_version()), ("platform", platform.platform())]
     rows += [(package, package_status(package)) for package in PACKAGES]
@@ -104,4 +105,5 @@ def describe() -> list[tuple[str, str]]:
                      _works(lambda: _bnb_8bit_optimizer("cuda"))))
     rows.append(("distributed gloo", "yes" if torch.distributed.is_gloo_available() else "no"))
     rows.append(("presets", ", ".join(preset_names())))
+    rows.append(("optimizers", ", ".join(SPECS) + ", or a class path package.module:Class"))
     return rows

@@ -25,6 +25,7 @@ from memfit.bench.random_llama import LlamaShape, llama_config, save_random_mode
 from memfit.checkpoint.manifest import CheckpointKind, read_manifest
 from memfit.models.tokenizers import byte_level_tokenizer
 from memfit.monitor.metrics import losses_by_step, read_metrics
+from memfit.techniques.optimizers import SPECS
 from memfit.training.api import train
 
 pytestmark = pytest.mark.slow
@@ -51,6 +52,10 @@ CASES = {
     # An untied input embedding: memfit sums only the rows the step's tokens touched.
     "untied-embedding": {"model": {"preset": None, "path": "{root}/untied"}},
 }
+# Every other registered optimizer with its defaults (paged_adamw8bit pages GPU memory:
+# CUDA only), so a new one is tested under DDP without editing this file.
+CASES.update({name: {"optimizer": {"name": name}} for name in SPECS
+              if name not in CASES and name != "paged_adamw8bit"})
 UNTIED = LlamaShape(hidden=32, layers=2, heads=4, intermediate=64, vocab=512)
 # 8-bit AdamW quantizes its moments in blocks; 2 processes sum the same gradients in
 # another order, and a last-bit difference could move a moment to the next 8-bit code.

@@ -15,7 +15,8 @@ from memfit.techniques.optimizers.registry import spec_for
 def optimizer_rules(config: Config) -> list[Rule]:
     """The rules for ``config``'s optimizer: its unread keys, then its own rules."""
     spec = spec_for(config)
-    reads = ", ".join(f"optimizer.{key}" for key in (*SHARED_KEYS, *spec.options))
+    reads = "optimizer." + ", ".join(key for key in (*SHARED_KEYS, *spec.options)
+                                     if key != "name")
     rules = [Rule((_pattern(field),), lambda c: True,
                   lambda c: f"optimizer.name={c.optimizer.name} does not read it (it reads "
                             f"{reads})")

@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memfit.config.schema import Config
+from memfit.config.schema import Config, GaloreProjector
 from memfit.techniques.config_checks import from_mapping
+from memfit.techniques.optimizers import SPECS as OPTIMIZER_SPECS
 
 SEQUENCE = 64
 MICRO_BATCH = 2
@@ -168,7 +169,7 @@ def architectures(data: dict[str, Path], folder: Path) -> dict[str, tuple[dict, 
     }
 
 
-PROJECTORS = ("svd", "randomized_svd", "online", "random", "apollo_mini")
+PROJECTORS = tuple(projector.value for projector in GaloreProjector)
 
 
 def _galore(projector: str = "randomized_svd", modules: list[str] | None = None,
@@ -186,6 +187,10 @@ STRATEGIES: dict[str, dict] = {
     "adamw-bf16": {"optimizer": {"name": "adamw"}, "precision": "bf16"},
     "adamw8bit": {"optimizer": {"name": "adamw8bit"}},
     "adafactor": {"optimizer": {"name": "adafactor"}},
+    # Every other registered optimizer with its defaults (paged_adamw8bit: CUDA only), so
+    # a new one is planned against the measurement without editing this file.
+    **{name: {"optimizer": {"name": name}} for name in OPTIMIZER_SPECS
+       if name not in ("adamw", "adamw8bit", "adafactor", "galore", "paged_adamw8bit")},
     "adamw-accumulate": {"optimizer": {"name": "adamw"},
                          "train": {"gradient_accumulation_steps": 2}},
     "lora": {"adapter": {"kind": "lora", "rank": 4}},

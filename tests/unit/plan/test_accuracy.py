@@ -19,6 +19,7 @@ from accuracy_cases import (
 
 from memfit.plan import estimate
 from memfit.techniques import registry
+from memfit.techniques.optimizers import SPECS as OPTIMIZER_SPECS
 
 # One strategy per architecture plus the cases with the most structure (checkpointing,
 # accumulation, 8-bit state); benchmarks/plan_accuracy.py runs the whole matrix.
@@ -38,7 +39,10 @@ QUANTIZED = {("llama", "qlora"), ("llama-wide", "qlora"), ("llama-wide", "qlora-
 SPECS = {*(("llama-wide", f"galore-{projector}") for projector in PROJECTORS),
          ("gpt2", "galore-mlp-only"), ("llama-wide", "galore-layerwise-full-gradient"),
          ("gpt2", "adamw-layerwise"), ("llama", "chunked-loss"), ("llama", "tiled-mlp"),
-         ("llama", "bf16-pure")}
+         ("llama", "bf16-pure"),
+         # every registered optimizer without a case above (a new one included)
+         *(("llama", name) for name in OPTIMIZER_SPECS
+           if name in STRATEGIES and name not in ("adamw", "adamw8bit", "adafactor"))}
 # Offload measured on CPU: the copies live in host-tagged storage the tracker keeps apart.
 OFFLOADS = {("llama", "adamw-optimizer-offload"), ("llama", "adamw-activation-offload"),
             ("llama", "lora-checkpointing-activation-offload")}

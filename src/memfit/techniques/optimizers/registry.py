@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import Config
-from memfit.techniques.optimizers import adafactor, adamw, adamw8bit, class_path, galore, sgd
+from memfit.techniques.optimizers import adafactor, adamw, adamw8bit, class_path, galore, lion, sgd
 from memfit.techniques.optimizers.spec import OptimizerSpec
 
 SPECS: dict[str, OptimizerSpec] = {spec.name: spec for spec in (
@@ -15,6 +15,7 @@ SPECS: dict[str, OptimizerSpec] = {spec.name: spec for spec in (
     adafactor.SPEC,
     galore.SPEC,
     sgd.SPEC,
+    lion.SPEC,
 )}
 
 
