@@ -348,6 +348,9 @@ class MemoryConfig:
         "memory.tiled_mlp: tokens whose MLP activations exist at once (forward and backward).",
         limits=(1, MAX_TOKENS), default=4096,
     )
+    freeze_embeddings: bool = doc(
+        "Full fine-tuning: freeze the input embedding and the output layer (tied or not), "
+        "so they take no gradients and no optimizer state.", default=False)
     budget: int | str | None = doc(
         "Device memory budget, e.g. 24GiB, 512MiB, 16GB or a byte count. On CPU it is "
         "enforced by the tensor tracker (a simulated device).",

@@ -15,7 +15,7 @@ from memfit.config.load import build_unvalidated, read_raw
 from memfit.config.schema import Config, DistributedStrategy, Precision
 from memfit.config.validate import validate
 from memfit.techniques.distribution import strategy_for
-from memfit.techniques.ignored_rules import optimizer_rules
+from memfit.techniques.ignored_rules import optimizer_rules, technique_rules
 from memfit.techniques.optimizers.registry import SPECS, spec_for
 
 
@@ -26,7 +26,7 @@ def from_mapping(raw: dict[str, Any] | None) -> Config:
     spec_for(config)  # an unknown optimizer.name is the first thing to say
     validate(config)
     check_with_specs(config)
-    warn_ignored_keys(config, raw or {}, optimizer_rules(config))
+    warn_ignored_keys(config, raw or {}, [*optimizer_rules(config), *technique_rules()])
     return config
 
 

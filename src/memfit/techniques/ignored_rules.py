@@ -1,6 +1,6 @@
-"""The optimizers' ignored-key rules, derived from their specs: an optimizer.* key the
-named optimizer does not read (its spec's ``options``, beyond the keys every optimizer
-reads) is ignored, and so is what the spec's own rules name."""
+"""The ignored-key rules the specs own: an optimizer.* key the named optimizer does not read
+(its spec's ``options``, beyond the keys every optimizer reads) is ignored, and so is what
+an optimizer's or a technique's own rules name."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from memfit.config.ignored import Rule
 from memfit.config.schema import Config, OptimizerConfig
 from memfit.techniques.optimizers.options import SHARED_KEYS
 from memfit.techniques.optimizers.registry import spec_for
+from memfit.techniques.registry import TECHNIQUES
 
 
 def optimizer_rules(config: Config) -> list[Rule]:
@@ -23,6 +24,11 @@ def optimizer_rules(config: Config) -> list[Rule]:
              for field in dataclasses.fields(OptimizerConfig)
              if field.name not in SHARED_KEYS and field.name not in spec.options]
     return [*rules, *spec.ignored]
+
+
+def technique_rules() -> list[Rule]:
+    """Every technique spec's own rules."""
+    return [rule for technique in TECHNIQUES for rule in technique.ignored]
 
 
 def _pattern(field: dataclasses.Field) -> str:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from memfit.config.schema import Config, GaloreProjector
+from memfit.techniques import registry
 from memfit.techniques.config_checks import from_mapping
 from memfit.techniques.optimizers import SPECS as OPTIMIZER_SPECS
 
@@ -240,6 +241,8 @@ STRATEGIES: dict[str, dict] = {
     "tiled-mlp": {"optimizer": {"name": "adamw"},
                   "memory": {"tiled_mlp": True, "mlp_chunk_tokens": 32}},
     "bf16-pure": {"optimizer": {"name": "adamw"}, "precision": "bf16-pure"},
+    # Every technique whose spec brings its own case (a new one included).
+    **{spec.name: dict(spec.plan_case) for spec in registry.TECHNIQUES if spec.plan_case},
 }
 
 
@@ -264,7 +267,8 @@ WIDE_ONLY = {"llama-wide": ("qlora", "galore"),
 RANK_8 = ("lora-r8", "qlora-r8")
 # Techniques measured on the tiny Llama alone: the tiled MLP tiles Llama-style MLP modules,
 # and one architecture shows what casting every weight to bf16 does.
-LLAMA_ONLY = ("tiled-mlp", "bf16-pure")
+LLAMA_ONLY = ("tiled-mlp", "bf16-pure",
+              *(spec.name for spec in registry.TECHNIQUES if spec.plan_case))
 ADAPTER_TARGETS = {"conv-autoencoder": ["conv"]}
 
 

@@ -40,6 +40,8 @@ SPECS = {*(("llama-wide", f"galore-{projector}") for projector in PROJECTORS),
          ("gpt2", "galore-mlp-only"), ("llama-wide", "galore-layerwise-full-gradient"),
          ("gpt2", "adamw-layerwise"), ("llama", "chunked-loss"), ("llama", "tiled-mlp"),
          ("llama", "bf16-pure"),
+         # every technique whose spec brings its own case
+         *(("llama", spec.name) for spec in registry.TECHNIQUES if spec.plan_case),
          # every registered optimizer without a case above (a new one included)
          *(("llama", name) for name in OPTIMIZER_SPECS
            if name in STRATEGIES and name not in ("adamw", "adamw8bit", "adafactor"))}

@@ -13,12 +13,13 @@ and ``(params, config)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from torch import nn
 
+from memfit.config.ignored import Rule
 from memfit.config.schema import Config
 
 Stage = Literal["load", "model", "device", "optimizer", "step"]
@@ -62,3 +63,9 @@ class TechniqueSpec:
     check_applied: Callable[[nn.Module, Config], list[str]] = nothing_to_check
     # The planner's view on the meta model, where the planner applies it too.
     plan_apply: Callable[[nn.Module, Setting], nn.Module] | None = None
+    # Its keys that other settings make ignored (config/ignored.py's rules, warned about
+    # whenever they apply), as an optimizer spec's ``ignored``.
+    ignored: tuple[Rule, ...] = ()
+    # Overrides on the tiny Llama that turn it on, planned against the measured peak by
+    # tests/unit/plan/test_accuracy.py (None: a case there already covers it).
+    plan_case: Mapping[str, Any] | None = None

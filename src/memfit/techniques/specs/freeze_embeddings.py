@@ -1,0 +1,33 @@
+"""Frozen embeddings (memory.freeze_embeddings): techniques/frozen_embeddings.py."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from memfit.config.ignored import Rule
+from memfit.config.schema import AdapterKind, Config
+from memfit.techniques import frozen_embeddings
+from memfit.techniques.specs.spec import Setting, TechniqueSpec
+
+
+def apply(model: nn.Module, setting: Setting) -> nn.Module:
+    return frozen_embeddings.freeze(model)
+
+
+def check_applied(model: nn.Module, config: Config) -> list[str]:
+    frozen_embeddings.check_applied(model)
+    return []
+
+
+SPEC = TechniqueSpec(
+    name="frozen embeddings",
+    keys=("memory.freeze_embeddings",),
+    stage="model",
+    enabled=lambda config: (config.memory.freeze_embeddings
+                            and config.adapter.kind is AdapterKind.NONE),
+    plan="the meta model's embeddings are frozen as training's: no gradient, no state",
+    apply=apply, check_applied=check_applied, plan_apply=apply,
+    ignored=(Rule(("memory.freeze_embeddings",),
+                  lambda c: c.adapter.kind is not AdapterKind.NONE,
+                  lambda c: f"adapter.kind={c.adapter.kind} freezes every base weight already"),),
+    plan_case={"optimizer": {"name": "adamw"}, "memory": {"freeze_embeddings": True}})
