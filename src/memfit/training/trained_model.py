@@ -194,7 +194,7 @@ def _full_model(run_dir: Path, config: Config, command: str) -> Trained:
     weights = model_dir / "model.safetensors"
     if (model_dir / "config.json").is_file():
         folder = replace(config.model, path=str(model_dir), preset=None, factory=None)
-        loaded = load_model(folder)
+        loaded = load_model(folder, images=config.data.images)
         return loaded.model.to(dtype), loaded.tokenizer, True
     if not weights.is_file():
         raise ConfigError(f"{command} {run_dir}: model/ holds neither config.json nor "
