@@ -54,7 +54,7 @@ class Labelled:
     files: tuple[str, ...]  # class folders: the image file of each example; () for a .npz
 
     def where(self, index: int) -> str:
-        return self.files[index] if self.files else f"{self.path}[labels][{index}]"
+        return self.files[index] if self.files else f"image #{index}"
 
 
 def list_labelled(path: str, key: str = "data.path") -> Labelled:
@@ -143,7 +143,8 @@ def _npz_labels(path: str, key: str) -> Labelled:
         values = tuple(value.decode() if isinstance(value, bytes) else str(value)
                        for value in labels.tolist())
         if "" in values:
-            raise DataError(f"{key} {path}: label {values.index('')} is an empty string; a "
+            raise DataError(f"{key} {path}: the label of image #{values.index('')} is an "
+                            "empty string; a "
                             "class name must have at least one character")
     else:
         raise DataError(f"{key} {path}: 'labels' has dtype {labels.dtype}; labels are integers "

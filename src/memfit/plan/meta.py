@@ -74,8 +74,11 @@ def hf_config(config: Config):
     return None
 
 
-def depth(transformers_config) -> int:
-    return int(transformers_config.num_hidden_layers)
+def depth(transformers_config) -> int | None:
+    """The repeated block stack's depth; None for architectures without one
+    num_hidden_layers (ResNet's stages), which are planned whole."""
+    layers = getattr(transformers_config, "num_hidden_layers", None)
+    return None if layers is None else int(layers)
 
 
 def build(config: Config, layers: int | None = None, device: str = "cuda") -> MetaModel:
