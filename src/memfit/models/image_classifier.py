@@ -46,6 +46,12 @@ class ConvClassifier(nn.Module):
         self.encoder = ConvFeatures(channels, tuple(widths))
         self.embed = nn.Linear(widths[-1], hidden)
         self.classifier = nn.Linear(hidden, num_labels)
+        for module in [*self.encoder.modules(), self.embed]:
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                # He initialisation: with torch's default the signal shrinks block by block,
+                # and random-weight features of different images become nearly equal.
+                nn.init.kaiming_normal_(module.weight, nonlinearity="relu")
+                nn.init.zeros_(module.bias)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         return self.classifier(F.silu(self.embed(self.encoder(images))))
