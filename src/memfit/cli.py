@@ -317,7 +317,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "data.text_field; no label needed), as JSON lines {\"row\": index from 0, "
                     "\"label\": class name, \"probability\": its softmax probability}, to "
                     "stdout unless --output is given. For runs of "
-                    "model.task=sequence-classification.")
+                    "model.task=sequence-classification, and of image-classification (FILE: "
+                    "an image, array file or folder; each line also names its \"file\").")
     predict.add_argument("run_dir", metavar="RUN_DIR", help="a run folder of memfit train")
     predict.add_argument("file", metavar="FILE", help="the rows to classify")
     predict.add_argument("--output", metavar="OUT.jsonl",

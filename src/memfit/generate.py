@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ConfigError
+from memfit.config.choices import CLASSIFYING_TASKS
 from memfit.config.code_trust import refuse_untrusted_code
 from memfit.config.limits import MAX_TOKENS
 from memfit.config.schema import DataFormat, ModelConfig, Task
@@ -106,7 +107,7 @@ def _from_run(run_dir: Path, trust_code: bool) -> tuple[nn.Module, Any, DataForm
     config = run_config(run_dir, COMMAND)
     refuse_untrusted_code(config, f"{COMMAND} {run_dir}: its config.yaml", trust_code)
     task = config.model.task
-    if task is Task.SEQUENCE_CLASSIFICATION:
+    if task in CLASSIFYING_TASKS:
         raise ConfigError(f"{COMMAND} {run_dir}: the run trained a classifier "
                           f"(model.task={task}); use memfit predict {run_dir} FILE")
     if task is not Task.CAUSAL_LM:

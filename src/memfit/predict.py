@@ -1,5 +1,5 @@
 """``memfit predict RUN FILE [--output OUT.jsonl]``: a trained classifier's prediction for
-each row of FILE.
+each row (or image) of FILE.
 
 The run's result is loaded as ``memfit generate`` loads it (training/trained_model.py:
 adapters merged into the rebuilt base, or the full fine-tune's ``model/``), from a run
@@ -10,7 +10,12 @@ run's data.text_field, tokenized as data/classification.py tokenizes it, jsonl/c
 as ``data.path`` takes them; rows need no label). The output is JSON lines, one per row in
 FILE's order: ``{"row": 0, "label": "positive", "probability": 0.93}`` with ``row`` the
 row's index in FILE (from 0), ``label`` the most likely class's name (model.labels, as
-the run saved them) and ``probability`` its softmax probability. Without ``--output``
+the run saved them) and ``probability`` its softmax probability.
+model.task=image-classification: FILE is an image or array file or a folder of them (read
+as data.format=images reads data.path, sorted), each image made the model's input as
+training made its images (data.images); each record also names its ``file`` (an array
+file's image as ``FILE[name] #i``): ``{"row": 0, "file": "new/1.png", "label": "cat",
+"probability": 0.97}``. Without ``--output``
 the lines go to stdout; an ``--output`` file is written atomically (temporary name, then
 rename), and an existing one is replaced only when it is empty or holds predictions.
 """
@@ -33,14 +38,18 @@ from memfit.config.code_trust import refuse_untrusted_code
 from memfit.config.schema import Task
 from memfit.data import collate
 from memfit.data.classification import text_ids
+from memfit.data.images import file_images, image_files, load_images, transformed
 from memfit.data.read import data_files, iter_rows, read_rows
+from memfit.models.loss import image_classification_logits
 from memfit.training.trained_model import run_config, trained_model
 
 COMMAND = "memfit predict"
 RECORD_KEYS = ("row", "label", "probability")
+IMAGE_RECORD_KEYS = ("row", "file", "label", "probability")
 
-# Batches of model inputs: (the rows' indices in FILE, the batch's tensors).
-Batches = Iterator[tuple[list[int], dict[str, torch.Tensor]]]
+# Batches of model inputs: (the rows' indices in FILE, the batch's tensors, and for images
+# where each one is: its file, or an array file's name and index).
+Batches = Iterator[tuple[list[int], dict[str, torch.Tensor], list[str] | None]]
 
 
 def _text_batches(config: Config, tokenizer: Any, file: Path) -> Batches:
@@ -57,13 +66,30 @@ def _text_batches(config: Config, tokenizer: Any, file: Path) -> Batches:
             ids = text_ids(chunk, tokenizer, config.data.text_field, config.data.max_length)
             batch = collate([{"input_ids": x, "attention_mask": torch.ones_like(x)} for x in ids],
                             pad_token_id=tokenizer.pad_token_id)
-            yield list(range(rows_done, rows_done + len(chunk))), batch
+            yield list(range(rows_done, rows_done + len(chunk))), batch, None
             rows_done += len(chunk)
 
 
-# model.task -> how FILE's rows become model inputs (an image classifier adds its reader).
+def _image_batches(config: Config, tokenizer: Any, file: Path) -> Batches:
+    """FILE (an image or array file, or a folder of them, as data/images.py reads one) as
+    training made its images: data.images' normalize, channels, size and contrast."""
+    settings = config.data.images
+    pairs = [pair for name in image_files(str(file), f"{COMMAND} FILE")
+             for pair in file_images(name)]
+    size = config.train.micro_batch_size
+    for start in range(0, len(pairs), size):
+        chunk = pairs[start:start + size]
+        images = transformed(load_images(chunk, settings), settings, config.train.seed,
+                             targets=False)["images"]
+        # Noise is seeded per image index: the index in FILE, as in a training split.
+        yield (list(range(start, start + len(chunk))), {"images": images},
+               [where for where, _ in chunk])
+
+
+# model.task -> how FILE's rows become model inputs.
 _READERS: dict[Task, Callable[[Config, Any, Path], Batches]] = {
     Task.SEQUENCE_CLASSIFICATION: _text_batches,
+    Task.IMAGE_CLASSIFICATION: _image_batches,
 }
 
 
@@ -86,15 +112,20 @@ def predictions(run_dir: str | Path, file: str | Path, trust_code: bool = False
     model, tokenizer, _ = trained_model(run_dir, config, COMMAND)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = model.to(device).eval()
+    pixel_values = config.model.path is not None
     with torch.inference_mode():
-        for rows, batch in _READERS[task](config, tokenizer, file):
-            logits = _logits(model, {name: value.to(device) for name, value in batch.items()})
+        for rows, batch, places in _READERS[task](config, tokenizer, file):
+            batch = {name: value.to(device) for name, value in batch.items()}
+            logits = (image_classification_logits(model, batch["images"], pixel_values)
+                      if task is Task.IMAGE_CLASSIFICATION else _logits(model, batch))
             probabilities = torch.softmax(logits.float(), dim=-1)  # (batch, classes)
             best, classes = probabilities.max(dim=-1)
-            for row, probability, class_id in zip(rows, best.tolist(), classes.tolist(),
-                                                  strict=True):
+            for index, (row, probability, class_id) in enumerate(
+                    zip(rows, best.tolist(), classes.tolist(), strict=True)):
                 name = labels[class_id] if class_id < len(labels) else str(class_id)
-                yield {"row": row, "label": name, "probability": probability}
+                yield ({"row": row, "label": name, "probability": probability} if places is None
+                       else {"row": row, "file": places[index], "label": name,
+                             "probability": probability})
 
 
 def _logits(model: nn.Module, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -143,4 +174,4 @@ def _holds_predictions(path: Path) -> bool:
         record = json.loads(first)
     except ValueError:
         return False
-    return isinstance(record, dict) and tuple(record) == RECORD_KEYS
+    return isinstance(record, dict) and tuple(record) in (RECORD_KEYS, IMAGE_RECORD_KEYS)

@@ -17,8 +17,13 @@ class Choice(str, Enum):
 class Task(Choice):
     CAUSAL_LM = "causal-lm"
     SEQUENCE_CLASSIFICATION = "sequence-classification"
+    IMAGE_CLASSIFICATION = "image-classification"
     AUTOENCODER = "autoencoder"
     CUSTOM = "custom"
+
+
+# Tasks whose model predicts one class per example (model.labels, model.num_labels).
+CLASSIFYING_TASKS = frozenset({Task.SEQUENCE_CLASSIFICATION, Task.IMAGE_CLASSIFICATION})
 
 
 class ModelDtype(Choice):

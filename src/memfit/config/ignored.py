@@ -14,6 +14,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from memfit._utils.errors import MemfitWarning
+from memfit.config.choices import CLASSIFYING_TASKS
 from memfit.config.load import to_mapping
 from memfit.config.schema import (
     AdapterKind,
@@ -83,10 +84,13 @@ _RULES: list[Rule] = [
     Rule(("data.eval_fraction",), lambda c: c.data.eval_path is not None,
      lambda c: f"data.eval_path={c.data.eval_path} is the evaluation split"),
     Rule(("model.num_labels", "model.labels"),
-     lambda c: c.model.task is not Task.SEQUENCE_CLASSIFICATION,
-     lambda c: f"it applies with model.task=sequence-classification, not {c.model.task}"),
+     lambda c: c.model.task not in CLASSIFYING_TASKS,
+     lambda c: "it applies with model.task=sequence-classification or image-classification, "
+               f"not {c.model.task}"),
     Rule(("data.images.*",), lambda c: c.data.format is not DataFormat.IMAGES,
      lambda c: f"it applies with data.format=images, not {c.data.format}"),
+    Rule(("data.images.target_contrast",), lambda c: c.model.task is Task.IMAGE_CLASSIFICATION,
+     lambda c: "model.task=image-classification learns each image's class, not a target image"),
     Rule(("model.reconstruction_loss",), lambda c: c.model.task is not Task.AUTOENCODER,
      lambda c: f"it applies with model.task=autoencoder, not {c.model.task}"),
 ]

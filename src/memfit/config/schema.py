@@ -62,7 +62,8 @@ class ModelConfig:
         "'package.module:function' or 'path/to/file.py:function' returning an nn.Module. "
         "The module's forward(**batch) returns a loss tensor (or an object with .loss) unless "
         "model.loss is set; with model.task=autoencoder, forward(images) returns the "
-        "reconstruction.",
+        "reconstruction; with image-classification, forward(images) returns (batch, classes) "
+        "logits (top-level parts named classifier or score train in full beside adapters).",
         default=None,
     )
     loss: str | None = doc(
@@ -81,15 +82,17 @@ class ModelConfig:
     )
     task: Task = doc("What the model is trained to do.", default=Task.CAUSAL_LM)
     num_labels: int | None = doc(
-        "model.task=sequence-classification: how many classes the new head predicts. "
+        "model.task=sequence-classification or image-classification: how many classes the "
+        "new head predicts. "
         "null: as many as the training data's labels need (see model.labels); a larger "
         "number leaves room for classes the data does not have yet.",
         limits=(2, MAX_CLASSES), default=None,
     )
     labels: tuple[str, ...] = doc(
-        "model.task=sequence-classification: the class names in id order (the exported "
-        "config's id2label). Empty: found in the training data: string labels sorted, "
-        "integer labels as their own ids 0..max. A run's config.yaml records the labels "
+        "model.task=sequence-classification or image-classification: the class names in id "
+        "order (the exported config's id2label). Empty: found in the training data (class "
+        "folder names and string labels sorted, "
+        "integer labels as their own ids 0..max). A run's config.yaml records the labels "
         "it trained with, so memfit merge and --resume rebuild the same head.",
         default=(),
     )
@@ -141,7 +144,9 @@ class ImagesConfig:
 class DataConfig:
     path: str | None = doc(
         "Training data: a .jsonl/.json/.csv/.parquet/.txt/.npz/.pt file, a "
-        "datasets.save_to_disk folder, or (format=images) an image/array file or folder. "
+        "datasets.save_to_disk folder, or (format=images) an image/array file or folder; "
+        "model.task=image-classification: a folder of class folders (train/<class>/*.png) "
+        "or a .npz with 'images' and 'labels' (class ids or names). "
         "Relative paths in a YAML file are resolved against that file's folder.",
         default=None,
     )

@@ -124,8 +124,16 @@ def _check_combinations(config: Config) -> None:
                           "data.pack=false")
     if task is Task.AUTOENCODER and data_format is not DataFormat.IMAGES:
         raise ConfigError(f"model.task=autoencoder needs data.format=images, not {data_format}")
-    if data_format is DataFormat.IMAGES and task not in (Task.AUTOENCODER, Task.CUSTOM):
-        raise ConfigError(f"data.format=images needs model.task autoencoder or custom, not {task}")
+    if task is Task.IMAGE_CLASSIFICATION and data_format is not DataFormat.IMAGES:
+        raise ConfigError("model.task=image-classification needs data.format=images (class "
+                          f"folders or a .npz of images and labels), not {data_format}")
+    if data_format is DataFormat.IMAGES and task not in (Task.AUTOENCODER, Task.CUSTOM,
+                                                         Task.IMAGE_CLASSIFICATION):
+        raise ConfigError("data.format=images needs model.task autoencoder, "
+                          f"image-classification or custom, not {task}")
+    if task is Task.IMAGE_CLASSIFICATION and config.model.loss:
+        raise ConfigError("model.task=image-classification trains with cross-entropy on the "
+                          "model's logits; model.loss applies to model.task=custom")
     if task is Task.AUTOENCODER and (config.model.path or config.model.loss):
         raise ConfigError("model.task=autoencoder takes model.preset (conv-autoencoder, "
                           "vit-autoencoder) or model.factory, and its loss from "
@@ -136,7 +144,9 @@ def _check_combinations(config: Config) -> None:
     if config.memory.chunked_loss and task is not Task.CAUSAL_LM:
         raise ConfigError(f"memory.chunked_loss=true needs model.task=causal-lm, not {task}")
     if config.memory.checkpoint_modules and not (config.model.factory
-                                                 or task is Task.AUTOENCODER):
+                                                 or task is Task.AUTOENCODER
+                                                 or (task is Task.IMAGE_CLASSIFICATION
+                                                     and config.model.preset)):
         raise ConfigError("memory.checkpoint_modules applies to model.factory models; "
                           "Hugging Face models checkpoint their own decoder layers")
     if config.optimizer.layerwise and config.precision is Precision.FP16:
@@ -188,9 +198,9 @@ def _check_classification(config: Config) -> None:
         raise ConfigError(
             f"model.task={model.task} with data.format={data_format}: "
             "model.task=sequence-classification and data.format=classification go together")
-    if not classifies:
+    if not (classifies or model.task is Task.IMAGE_CLASSIFICATION):
         return
-    if not model.path:
+    if classifies and not model.path:
         source = "model.preset" if model.preset else "model.factory"
         raise ConfigError(
             f"model.task=sequence-classification loads a Hugging Face folder: set model.path "

@@ -18,8 +18,9 @@ from typing import Any, Protocol
 import torch
 
 from memfit._utils.errors import DataError
-from memfit.data import chat, classification, instruction, text
-from memfit.data.images import ImageSettings, read_images
+from memfit.data import chat, classification, image_classes, instruction, text
+from memfit.data.image_classes import Labelled, list_labelled
+from memfit.data.images import ImageSettings, check_settings, read_images, transformed
 from memfit.data.read import Row, RowSource, data_files, holds_tensors, iter_rows, read_rows
 from memfit.data.tensors import TensorDictDataset, check_same_shapes, read_tensors
 from memfit.data.tokens import Encoded, Packing, to_examples, warn_or_raise_on_dropped
@@ -77,7 +78,9 @@ def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0,
     """Read ``data_cfg.path`` in ``data_cfg.format`` and split it into train and eval.
 
     ``tokenizer`` is a ``transformers`` tokenizer; it may be None for "tensors" and "images".
-    ``labels``: format "classification", the class names in id order (``classes``).
+    ``labels``: format "classification", the class names in id order (``classes``); with
+    format "images", they make it class-labelled images (data/image_classes.py), which
+    also have a ``labels`` tensor of class ids.
     Raises DataError for a missing/empty/unreadable file, an unknown format or extension,
     a row without the fields its format needs, or no example left to train on.
     """
@@ -86,6 +89,8 @@ def build_datasets(data_cfg: DataSettings, tokenizer: Any, seed: int = 0,
         raise DataError(f"data.max_length must be at least 1, got {data_cfg.max_length}")
     if data_cfg.path is None:
         raise DataError(f"data.path is not set; give a data file or folder for format '{name}'")
+    if name == "images" and labels:
+        return _image_class_splits(data_cfg, seed, labels)
     if name == "images":
         return _image_splits(data_cfg, seed)
     if name == "tensors":
@@ -131,12 +136,15 @@ def packing_of(data_cfg: DataSettings) -> Packing:
 
 def classes(data_cfg: DataSettings, seed: int = 0, labels: Sequence[str] = (),
             num_labels: int | None = None) -> tuple[str, ...]:
-    """Format "classification", before any model is built: the class names of the rows
-    ``build_datasets`` trains on (``classification.class_names`` with model.labels and
-    model.num_labels), every row of both splits checked to hold a text and one of them."""
+    """Format "classification" (or "images" of class folders), before any model is built:
+    the class names of the rows ``build_datasets`` trains on (``classification.class_names``
+    with model.labels and model.num_labels), every row of both splits checked to hold a
+    text (an image file) and one of them."""
     if data_cfg.path is None:
         raise DataError("data.path is not set; give a data file or folder for format "
-                        "'classification'")
+                        f"'{format_name(data_cfg.format)}'")
+    if format_name(data_cfg.format) == "images":
+        return _image_classes(data_cfg, seed, labels, num_labels)
     train, held_out = row_splits(data_cfg, seed)
     found = classification.found_labels(train.batches(), data_cfg.label_field)
     names = classification.class_names(found, labels, num_labels)
@@ -193,6 +201,47 @@ def _image_splits(data_cfg: DataSettings, seed: int) -> Splits:
     check_same_shapes(images, held_out, f"data.path {data_cfg.path}",
                       f"data.eval_path {data_cfg.eval_path}")
     return _whole(images, held_out)
+
+
+def _labelled_splits(data_cfg: DataSettings, seed: int) -> list[tuple[Labelled, list[int]]]:
+    """[(train listing, its training indices), (eval listing, its eval indices)]."""
+    train = list_labelled(str(data_cfg.path))
+    if data_cfg.eval_path is None:
+        train_indices, held_out = split_indices(len(train.labels), data_cfg.eval_fraction, seed)
+        return [(train, train_indices), (train, held_out)]
+    held = list_labelled(str(data_cfg.eval_path), "data.eval_path")
+    return [(train, list(range(len(train.labels)))), (held, list(range(len(held.labels))))]
+
+
+def _image_classes(data_cfg: DataSettings, seed: int, labels: Sequence[str],
+                   num_labels: int | None) -> tuple[str, ...]:
+    parts = _labelled_splits(data_cfg, seed)
+    names = classification.class_names(image_classes.found_labels(*parts[0]), labels,
+                                       num_labels)
+    for labelled, indices in parts:
+        image_classes.class_ids(labelled, indices, names)
+    return names
+
+
+def _image_class_splits(data_cfg: DataSettings, seed: int, labels: Sequence[str]) -> Splits:
+    """Class-labelled images: ``images`` as format images makes them, ``labels`` ids."""
+    check_settings(data_cfg.images, targets=False)
+    (train, train_indices), (held, held_indices) = _labelled_splits(data_cfg, seed)
+    tensors = _labelled_tensors(train, data_cfg.images, seed, labels)
+    held_tensors = tensors
+    if held is not train:
+        held_tensors = _labelled_tensors(held, data_cfg.images, seed, labels)
+        check_same_shapes(tensors, held_tensors, f"data.path {data_cfg.path}",
+                          f"data.eval_path {data_cfg.eval_path}")
+    return Splits(TensorDictDataset(tensors, torch.tensor(train_indices, dtype=torch.long)),
+                  TensorDictDataset(held_tensors, torch.tensor(held_indices, dtype=torch.long)))
+
+
+def _labelled_tensors(labelled: Labelled, settings: ImageSettings, seed: int,
+                      labels: Sequence[str]) -> dict[str, torch.Tensor]:
+    every = range(len(labelled.labels))
+    return {**transformed(image_classes.read(labelled, settings), settings, seed, targets=False),
+            "labels": image_classes.class_ids(labelled, every, labels)}
 
 
 def _whole(train: dict[str, torch.Tensor], held_out: dict[str, torch.Tensor]) -> Splits:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from enum import Enum
 from typing import Protocol
 
@@ -59,22 +59,38 @@ def read_images(path: str, settings: ImageSettings, seed: int, key: str = "data.
     """``{"images": (N, C, S, S)}`` plus ``"targets"`` of the same shape when
     ``settings.target_contrast`` is set; float32 in [0, 1]. ``key``: the config key that
     names ``path``, for messages."""
+    check_settings(settings)
+    return transformed(load_images(_file_arrays(image_files(path, key)), settings), settings,
+                       seed)
+
+
+def check_settings(settings: ImageSettings, targets: bool = True) -> None:
+    """ConfigError for channels, size or a contrast entry the reader cannot apply
+    (``targets``: target_contrast too)."""
     if settings.channels not in (1, 3):
         raise ConfigError(f"data.images.channels={settings.channels} must be 1 (grayscale) "
                           "or 3 (RGB)")
     if settings.size is not None and settings.size < 1:
         raise ConfigError(f"data.images.size={settings.size} must be at least 1, or null")
+    parse_contrast(settings.contrast, "data.images.contrast")
+    if targets and settings.target_contrast is not None:
+        parse_contrast(settings.target_contrast, "data.images.target_contrast")
+
+
+def transformed(base: torch.Tensor, settings: ImageSettings, seed: int, targets: bool = True
+                ) -> dict[str, torch.Tensor]:
+    """Images as ``load_images`` gives them -> ``{"images": ...}`` through the contrast
+    transforms, plus ``"targets"`` (``target_contrast``) when set and ``targets``."""
     make_input = parse_contrast(settings.contrast, "data.images.contrast")
-    make_target = (None if settings.target_contrast is None
+    make_target = (None if settings.target_contrast is None or not targets
                    else parse_contrast(settings.target_contrast, "data.images.target_contrast"))
-    base = _load_all(image_files(path, key), settings)  # (N, C, S, S)
     inputs = torch.stack([make_input(image, _generator(seed, i, 0))
                           for i, image in enumerate(base)])
     if make_target is None:
         return {"images": inputs}
-    targets = torch.stack([make_target(image, _generator(seed, i, 1))
+    outputs = torch.stack([make_target(image, _generator(seed, i, 1))
                            for i, image in enumerate(base)])
-    return {"images": inputs, "targets": targets}
+    return {"images": inputs, "targets": outputs}
 
 
 def image_files(path: str, key: str = "data.path") -> list[str]:
@@ -181,22 +197,42 @@ def _generator(seed: int, index: int, role: int) -> torch.Generator:
 
 # --- decoding, normalisation, channels, size ----------------------------------------------
 
-def _load_all(files: list[str], settings: ImageSettings) -> torch.Tensor:
-    """Every image of every file, (N, C, S, S) float32 in [0, 1]."""
+def _file_arrays(files: list[str]) -> Iterator[tuple[str, np.ndarray]]:
+    for file in files:
+        yield from _arrays(file)
+
+
+def load_images(arrays: Iterable[tuple[str, np.ndarray]], settings: ImageSettings
+                ) -> torch.Tensor:
+    """(where, (H, W, C) array) pairs (``file_images``, ``stack_images``) -> (N, C, S, S)
+    float32 in [0, 1]: normalized, to the configured channels, resized."""
     images: list[torch.Tensor] = []
     first_where = ""
-    for file in files:
-        for where, array in _arrays(file):
-            image = _to_unit_range(array, _choice(settings.normalize))  # (H, W, C) float
-            image = _to_channels(torch.from_numpy(image).permute(2, 0, 1), settings.channels)
-            image = _resize(image, settings.size, _choice(settings.resize))
-            if images and image.shape != images[0].shape:
-                raise DataError(
-                    f"image {where} is {tuple(image.shape[1:])} but {first_where} is "
-                    f"{tuple(images[0].shape[1:])}; set data.images.size to resize all to one")
-            first_where = first_where or where
-            images.append(image)
+    for where, array in arrays:
+        image = _to_unit_range(array, _choice(settings.normalize))  # (H, W, C) float
+        image = _to_channels(torch.from_numpy(image).permute(2, 0, 1), settings.channels)
+        image = _resize(image, settings.size, _choice(settings.resize))
+        if images and image.shape != images[0].shape:
+            raise DataError(
+                f"image {where} is {tuple(image.shape[1:])} but {first_where} is "
+                f"{tuple(images[0].shape[1:])}; set data.images.size to resize all to one")
+        first_where = first_where or where
+        images.append(image)
     return torch.stack(images).float()
+
+
+def file_images(file: str) -> list[tuple[str, np.ndarray]]:
+    """(description, (H, W, C) array) for each image in ``file``."""
+    return _arrays(file)
+
+
+def stack_images(array: np.ndarray, where: str) -> list[tuple[str, np.ndarray]]:
+    """A stack of images, (N, H, W) or (N, H, W, C) -> (description, (H, W, C)) each."""
+    if array.ndim not in (3, 4) or (array.ndim == 4 and array.shape[-1] not in _CHANNEL_COUNTS):
+        raise DataError(f"image array {where} has shape {array.shape}; need a stack (N, H, W) "
+                        "or (N, H, W, C) with C in 1, 3, 4 (channels last)")
+    images = _split_stack(array if array.ndim == 4 else array[..., None], where)
+    return [(f"{where} #{i}", image) for i, image in enumerate(images)]
 
 
 def _arrays(file: str) -> list[tuple[str, np.ndarray]]:

@@ -1,11 +1,12 @@
-"""What model.task=sequence-classification adds to a Hugging Face model: its classes
-(``with_classes``: from the training data and model.labels / model.num_labels, in the
-transformers config so every export carries ``id2label`` / ``label2id``), and the new
-head that trains in full beside adapters.
+"""What model.task=sequence-classification and image-classification add to a model: its
+classes (``with_classes``: from the training data and model.labels / model.num_labels, in
+a Hugging Face model's config so every export carries ``id2label`` / ``label2id``), and
+the new head that trains in full beside adapters.
 
 The head is found as PEFT finds it for ``task_type=SEQ_CLS``: the model's top-level
 parts named ``classifier`` (BERT, RoBERTa, DistilBERT, whose ``pre_classifier`` is new
-too) or ``score`` (Llama, Qwen, GPT-2 and other decoder classifiers).
+too; ViT, ResNet, ConvNeXt; the conv-classifier preset) or ``score`` (Llama, Qwen, GPT-2
+and other decoder classifiers).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 
 from torch import nn
 
-from memfit.config.schema import Config, Task
+from memfit.config.choices import CLASSIFYING_TASKS
+from memfit.config.schema import Config
 from memfit.data import classes
 
 HEAD_SUFFIXES = ("classifier", "score")
@@ -26,7 +28,7 @@ def with_classes(config: Config) -> Config:
     """``config`` with model.labels and model.num_labels as the training data and those
     keys decide them (data.classes, which checks every row); configs of other tasks are
     returned as they are. Training, and planning with data, build the head from these."""
-    if config.model.task is not Task.SEQUENCE_CLASSIFICATION:
+    if config.model.task not in CLASSIFYING_TASKS:
         return config
     names = classes(config.data, config.train.seed, config.model.labels,
                     config.model.num_labels)
@@ -43,6 +45,16 @@ def label_arguments(labels: Sequence[str]) -> dict[str, Any]:
             "problem_type": "single_label_classification"}
 
 
+def classifies(config: Config) -> bool:
+    """The model predicts one class per example (its head is new, model.labels)."""
+    return config.model.task in CLASSIFYING_TASKS
+
+
+def class_labels(config: Config) -> tuple[str, ...]:
+    """model.labels where the task reads them (what the data is labelled with), else ()."""
+    return config.model.labels if classifies(config) else ()
+
+
 def head_names(model: nn.Module) -> list[str]:
-    """The top-level parts of a sequence classifier that make up its new head."""
+    """The top-level parts of a classifier that make up its new head."""
     return [name for name, _ in model.named_children() if name.endswith(HEAD_SUFFIXES)]

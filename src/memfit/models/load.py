@@ -2,6 +2,8 @@
 
 Three sources: a local Hugging Face folder (the Auto class chosen by ``model.task``), a
 built-in preset, or a user factory ``"package.module:function"`` returning an nn.Module.
+An image classifier (models/image_classifier.py) is built with ``model.labels`` as its
+classes too, and shaped by data.images.
 A sequence classifier is loaded with ``model.labels`` as its classes (a new head of that
 size; ``training.build`` fills the labels in from the data before loading).
 """
@@ -25,6 +27,11 @@ from memfit._utils.errors import MemfitWarning, ModelError, first_line
 from memfit.config.schema import ImagesConfig, ModelConfig, ModelDtype, Task
 from memfit.models.classifier import head_names, label_arguments
 from memfit.models.folder_checks import check_config_json, check_weight_files
+from memfit.models.image_classifier import (
+    CLASSIFIER_PRESETS,
+    check_image_config,
+    load_image_classifier,
+)
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
 from memfit.models.tokenizers import byte_level_tokenizer
 
@@ -49,10 +56,14 @@ def load_model(config: ModelConfig, quantization_config: Any | None = None,
     Hugging Face folder (built models are quantized afterwards by techniques.quantize).
     ``images``: data.images, whose channels and size shape the image presets."""
     dtype = TORCH_DTYPES[config.dtype]
+    if config.path and config.task is Task.IMAGE_CLASSIFICATION:
+        return _image_classifier_folder(Path(config.path), dtype, quantization_config,
+                                        config.labels, images or ImagesConfig())
     if config.path:
         return _from_folder(Path(config.path), config.task, dtype, quantization_config,
                             config.labels)
-    if config.preset in IMAGE_PRESETS or (config.preset and config.task is Task.AUTOENCODER):
+    if config.preset and (config.preset in IMAGE_PRESETS | CLASSIFIER_PRESETS
+                          or config.task in (Task.AUTOENCODER, Task.IMAGE_CLASSIFICATION)):
         model = build_image_preset(config, images or ImagesConfig())
         return LoadedModel(model.to(dtype), None, is_transformers=False)
     if config.preset:
@@ -174,8 +185,44 @@ def _from_preset(name: str, dtype: torch.dtype, quantization_config: Any | None)
     return LoadedModel(model, byte_level_tokenizer(), is_transformers=True)
 
 
+def _image_classifier_folder(folder: Path, dtype: torch.dtype, quantization_config: Any | None,
+                             labels: tuple[str, ...], images: ImagesConfig) -> LoadedModel:
+    """A Hugging Face image classifier of ``labels``; it has no tokenizer."""
+    from transformers import AutoConfig
+
+    check_config_json(folder)
+    check_weight_files(folder)
+    if not labels:
+        raise ModelError(f"model.path={folder}: model.task=image-classification needs "
+                         "model.labels (the classes) before the model can be built")
+    try:
+        check_image_config(folder, AutoConfig.from_pretrained(folder), images.channels,
+                           images.size)
+        model = load_image_classifier(folder, labels, dtype, quantization_config)
+    except (OSError, ValueError, SafetensorError) as error:
+        raise ModelError(f"model.path={folder}: cannot load an image classifier "
+                         f"({first_line(error)})") from None
+    except pickle.UnpicklingError:
+        raise ModelError(f"model.path={folder}: a .bin weights file holds Python objects "
+                         "besides tensors, which memfit never unpickles; use safetensors "
+                         "weights") from None
+    return LoadedModel(model, None, is_transformers=True)
+
+
 def build_image_preset(config: ModelConfig, images: ImagesConfig) -> nn.Module:
-    """An image autoencoder preset shaped for ``data.images`` (channels, size)."""
+    """An image preset shaped for ``data.images`` (channels, size): an autoencoder, or a
+    classifier of model.labels' classes."""
+    if config.preset in CLASSIFIER_PRESETS and config.task is Task.IMAGE_CLASSIFICATION:
+        if not config.labels:
+            raise ModelError(f"model.preset={config.preset} needs model.labels (the classes) "
+                             "before it can be built")
+        return CLASSIFIER_PRESETS[config.preset](images.channels, images.size or 0,
+                                                 len(config.labels))
+    if config.task is Task.IMAGE_CLASSIFICATION:
+        raise ModelError(f"model.preset={config.preset!r} with model.task=image-classification: "
+                         f"the image classifier presets are {', '.join(CLASSIFIER_PRESETS)} "
+                         "(or give model.path, a Hugging Face image classifier, or "
+                         "model.factory)")
     if config.preset not in IMAGE_PRESETS or config.task is not Task.AUTOENCODER:
         raise ModelError(f"model.preset={config.preset!r} with model.task={config.task}: the "
                          f"image presets ({', '.join(IMAGE_PRESETS)}) go with "
@@ -203,6 +250,8 @@ def _from_factory(config: ModelConfig, dtype: torch.dtype) -> LoadedModel:
 def load_tokenizer(config: ModelConfig) -> Any | None:
     """The tokenizer ``load_model`` gives a language model, without building the model (the
     planner measures the data's rows with it); None for image presets and factories."""
+    if config.path and config.task is Task.IMAGE_CLASSIFICATION:
+        return None
     if config.path:
         check_config_json(Path(config.path))
         return _folder_tokenizer(Path(config.path))[0]
@@ -210,7 +259,8 @@ def load_tokenizer(config: ModelConfig) -> Any | None:
         from memfit.demo import demo_assets_dir
 
         return _folder_tokenizer(demo_assets_dir() / "base")[0]
-    if config.preset in PRESETS and config.task is not Task.AUTOENCODER:
+    if config.preset in PRESETS and config.task not in (Task.AUTOENCODER,
+                                                         Task.IMAGE_CLASSIFICATION):
         return byte_level_tokenizer()
     return None
 

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from memfit._utils.errors import ModelError
 from memfit.models.packed import causal_lm_inputs
 
 IGNORE_INDEX = -100  # label positions excluded from the loss (prompt, padding)
@@ -40,6 +41,27 @@ def classification_logits(model: nn.Module, batch: dict[str, Any]) -> torch.Tens
     """A sequence classifier's (batch, classes) logits; the labels stay out of forward,
     whose own loss would depend on config.problem_type."""
     return model(**{name: value for name, value in batch.items() if name != "labels"}).logits
+
+
+def image_classification_logits(model: nn.Module, images: torch.Tensor, pixel_values: bool,
+                                classes: int | None = None) -> torch.Tensor:
+    """An image classifier's (batch, classes) logits: a Hugging Face model's
+    (``pixel_values=``, ``pixel_values``) output's ``.logits``, or a module's own forward
+    on the images (a tensor, or an object with ``.logits``). ``classes``: how many columns
+    the logits must have (a factory's module sets its own head size)."""
+    output = model(pixel_values=images) if pixel_values else model(images)
+    logits = output if isinstance(output, torch.Tensor) else getattr(output, "logits", None)
+    if not isinstance(logits, torch.Tensor) or logits.ndim != 2 \
+            or logits.shape[0] != images.shape[0]:
+        shape = tuple(logits.shape) if isinstance(logits, torch.Tensor) else type(output).__name__
+        raise ModelError(f"an image classifier's forward(images) must return (batch, classes) "
+                        f"logits (a tensor, or an object with .logits); got {shape} for "
+                        f"{images.shape[0]} images")
+    if classes is not None and logits.shape[1] != classes:
+        raise ModelError(f"the model gives {logits.shape[1]} logits per image, but the data has "
+                        f"{classes} classes (model.labels / model.num_labels); build the head "
+                        f"with {classes} outputs")
+    return logits
 
 
 def classification_loss_sum(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

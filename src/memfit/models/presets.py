@@ -13,6 +13,7 @@ from transformers import LlamaConfig, PretrainedConfig
 
 from memfit.models.architectures import ARCHITECTURES
 from memfit.models.autoencoders import IMAGE_PRESETS
+from memfit.models.image_classifier import CLASSIFIER_PRESETS
 from memfit.models.tokenizers import BYTE_VOCAB_SIZE
 
 DEMO_BASE = "demo-base"
@@ -37,7 +38,8 @@ def tiny_llama() -> LlamaConfig:
 
 
 # name -> config builder. The demo base is not here: it ships with weights (see models.load);
-# nor are the image autoencoders, plain nn.Modules (IMAGE_PRESETS, models.autoencoders).
+# nor are the image autoencoders and classifiers, plain nn.Modules (IMAGE_PRESETS,
+# models.autoencoders; CLASSIFIER_PRESETS, models.image_classifier).
 PRESETS: dict[str, Callable[[], PretrainedConfig]] = {
     "tiny-llama": tiny_llama,
     **ARCHITECTURES,  # published sizes, for planning (see models.architectures)
@@ -45,4 +47,4 @@ PRESETS: dict[str, Callable[[], PretrainedConfig]] = {
 
 
 def preset_names() -> list[str]:
-    return sorted([*PRESETS, *IMAGE_PRESETS, DEMO_BASE])
+    return sorted([*PRESETS, *IMAGE_PRESETS, *CLASSIFIER_PRESETS, DEMO_BASE])

@@ -16,7 +16,7 @@ config files, a ``load_state_dict`` reading a weight file only to drop it on met
 Hugging Face models can be built with fewer layers (``layers=``) so the planner can trace
 activations of a 70B model in seconds and extrapolate per layer.
 
-A sequence classifier gets the head training would give it: the classes of
+A classifier (text or image) gets the head training would give it: the classes of
 ``models.classifier.with_classes`` when data.path is set (else model.labels,
 model.num_labels, or the folder's own config), trained in full beside adapters.
 """
@@ -32,9 +32,11 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ModelError
+from memfit.config.choices import CLASSIFYING_TASKS
 from memfit.config.schema import Config, Task
 from memfit.models.classifier import label_arguments, with_classes
 from memfit.models.folder_checks import check_config_json
+from memfit.models.image_classifier import CLASSIFIER_PRESETS
 from memfit.models.load import build_image_preset, import_object
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
 from memfit.plan.pretrained_on_meta import from_pretrained_on_meta
@@ -54,7 +56,7 @@ def hf_config(config: Config):
     from transformers import AutoConfig
 
     model = config.model
-    if model.preset in IMAGE_PRESETS:
+    if model.preset in IMAGE_PRESETS or model.preset in CLASSIFIER_PRESETS:
         return None  # a plain nn.Module preset, built like a factory model
     if model.preset:
         if model.preset == DEMO_BASE:
@@ -72,15 +74,21 @@ def hf_config(config: Config):
     return None
 
 
-def depth(transformers_config) -> int:
-    return int(transformers_config.num_hidden_layers)
+def depth(transformers_config) -> int | None:
+    """The repeated block stack's depth; None for architectures without one
+    num_hidden_layers (ResNet's stages), which are planned whole."""
+    layers = getattr(transformers_config, "num_hidden_layers", None)
+    return None if layers is None else int(layers)
 
 
 def build(config: Config, layers: int | None = None, device: str = "cuda") -> MetaModel:
     """The model as training would build it, on meta; ``layers`` shortens an HF model;
     ``device`` (cuda, cpu) picks the bitsandbytes code path a quantized base would take."""
     base_config = hf_config(config)
-    if base_config is None and config.model.preset in IMAGE_PRESETS:
+    if config.model.task is Task.IMAGE_CLASSIFICATION and config.data.path is not None:
+        config = with_classes(config)
+    if base_config is None and (config.model.preset in IMAGE_PRESETS
+                                or config.model.preset in CLASSIFIER_PRESETS):
         with torch.device("meta"):
             model = build_image_preset(config.model, config.data.images)
         is_transformers, depth_used = False, None
@@ -88,7 +96,7 @@ def build(config: Config, layers: int | None = None, device: str = "cuda") -> Me
         model, is_transformers, depth_used = _from_factory(config), False, None
     else:
         base_config = _with_layers(base_config, layers)
-        if config.model.task is Task.SEQUENCE_CLASSIFICATION:
+        if config.model.task in CLASSIFYING_TASKS:
             base_config = _with_classes(base_config, config)
         model, is_transformers = _from_hf_config(base_config, config.model.task), True
         depth_used = depth(base_config)
@@ -147,7 +155,7 @@ def _with_classes(transformers_config, config: Config):
     shaped = copy.deepcopy(transformers_config)
     for key, value in label_arguments(labels).items():
         setattr(shaped, key, value)
-    if shaped.pad_token_id is None:  # decoder classifiers refuse batches without one
+    if getattr(shaped, "pad_token_id", 0) is None:  # decoder classifiers need one
         shaped.pad_token_id = 0
     return shaped
 
@@ -156,7 +164,8 @@ def _from_hf_config(transformers_config, task: Task) -> nn.Module:
     import transformers
 
     classes = {Task.CAUSAL_LM: transformers.AutoModelForCausalLM,
-               Task.SEQUENCE_CLASSIFICATION: transformers.AutoModelForSequenceClassification}
+               Task.SEQUENCE_CLASSIFICATION: transformers.AutoModelForSequenceClassification,
+               Task.IMAGE_CLASSIFICATION: transformers.AutoModelForImageClassification}
     if task not in classes:
         raise ModelError(f"model.task={task} needs model.factory")
     with torch.device("meta"):

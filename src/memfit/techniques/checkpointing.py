@@ -33,7 +33,9 @@ class CheckpointedForward:
 
 
 def apply(model: nn.Module, config: MemoryConfig, is_transformers: bool) -> nn.Module:
-    if is_transformers:
+    """A transformers model checkpoints its own layers; one that cannot (ResNet:
+    ``supports_gradient_checkpointing`` false) and any other module: its repeated blocks."""
+    if is_transformers and getattr(model, "supports_gradient_checkpointing", True):
         enable = getattr(model, "activation_checkpointing_enable", None)
         if enable is None:  # transformers releases before the activation_* names
             model.gradient_checkpointing_enable(

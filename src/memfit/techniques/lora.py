@@ -7,9 +7,11 @@ We resolve targets to exact module names ourselves (PEFT matches name suffixes a
 Llama, a ViT, or a convolutional autoencoder — and a target that matches nothing is an
 error that lists what could have matched.
 
-A sequence classifier's new head (``models.classifier.head_names``) is never adapted: it
-starts random, so it trains in full beside the adapters, and the adapter is saved with
-PEFT's ``task_type=SEQ_CLS``, as PEFT itself does for that task; a Hugging Face causal LM's
+A classifier's new head (``models.classifier.head_names``) is never adapted: it starts
+random, so it trains in full beside the adapters. A sequence classifier's adapter is saved
+with PEFT's ``task_type=SEQ_CLS``, as PEFT itself does for that task; an image
+classifier's with the head in ``modules_to_save`` (as PEFT's image-classification guide
+does); a Hugging Face causal LM's
 with ``CAUSAL_LM``, so ``AutoPeftModelForCausalLM`` loads it; any other module's with
 none (a plain ``PeftModel``).
 The saved ``target_modules`` is the list a PEFT user would write (``peft_target_modules``).
@@ -191,9 +193,11 @@ def resolve_trainable_modules(model: nn.Module, patterns: tuple[str, ...]) -> li
 
 
 def apply(model: nn.Module, config: AdapterConfig,
-          classifier_head: Sequence[str] = ()) -> nn.Module:
+          classifier_head: Sequence[str] = (), sequence_classifier: bool = True) -> nn.Module:
     """Wrap ``model`` in a PEFT model with LoRA (or DoRA) on the resolved targets.
-    ``classifier_head``: a sequence classifier's new head (top-level module names)."""
+    ``classifier_head``: a classifier's new head (top-level module names); a sequence
+    classifier's is saved with PEFT's ``task_type=SEQ_CLS``, any other's (an image
+    classifier: PEFT's SEQ_CLS model takes token inputs) as ``modules_to_save``."""
     from peft import LoraConfig, get_peft_model
 
     from memfit.techniques import lora_layers
@@ -209,7 +213,8 @@ def apply(model: nn.Module, config: AdapterConfig,
     # SEQ_CLS it adds "classifier" and "score" to modules_to_save itself.
     trainable = [name for name in resolve_trainable_modules(model, config.trainable_modules)
                  if not inside_parts(name, classifier_head)]
-    trainable += [name for name in classifier_head if name not in HEAD_SUFFIXES]
+    trainable += [name for name in classifier_head
+                  if name not in HEAD_SUFFIXES or not sequence_classifier]
     modules = dict(model.named_modules())
     overlap = sorted(set(targets) & set(trainable))
     if overlap:
@@ -220,7 +225,7 @@ def apply(model: nn.Module, config: AdapterConfig,
         use_rslora=config.rslora, use_dora=config.dora,
         target_modules=peft_target_modules(targets, [name for name in modules if name]),
         modules_to_save=trainable or None,
-        task_type="SEQ_CLS" if classifier_head else None,
+        task_type="SEQ_CLS" if classifier_head and sequence_classifier else None,
     )
     lora_layers.register(lora, {id(modules[name]): rows for name, rows in placement.items()
                                 if rows is not None})

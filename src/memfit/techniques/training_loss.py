@@ -3,7 +3,8 @@
 tensors to count the logits' memory) both run.
 
 Chunked causal-LM loss (memory.chunked_loss), causal-LM loss, reconstruction
-(model.task=autoencoder), classification (model.task=sequence-classification), or a
+(model.task=autoencoder), classification (model.task=sequence-classification or
+image-classification), or a
 factory model's own loss (its forward's, or model.loss).
 """
 
@@ -21,6 +22,7 @@ from memfit.models.loss import (
     causal_lm_loss_sum,
     classification_logits,
     classification_loss_sum,
+    image_classification_logits,
     reconstruction_loss_sum,
 )
 from memfit.techniques import chunked_loss
@@ -36,19 +38,34 @@ class TrainingLoss:
     # model.task=autoencoder: "mse" or "l1"; the batch holds "images" (the model's input)
     # and, when the target differs from it, "targets", both (B, C, H, W).
     reconstruction_loss: str | None = None
-    # model.task=sequence-classification: cross-entropy per example; the batch's "labels"
-    # are (B,) class ids.
+    # model.task=sequence-classification or image-classification: cross-entropy per
+    # example; the batch's "labels" are (B,) class ids.
     classification: bool = False
+    # model.task=image-classification: how the model takes the batch's "images":
+    # "pixel_values" (a Hugging Face model's keyword) or "images" (forward(images)).
+    image_input: str | None = None
+    classes: int | None = None  # image-classification: the logits' width the data needs
 
     @classmethod
     def for_config(cls, config: Config, loss_function: LossFunction | None = None):
         task = config.model.task
+        images = task is Task.IMAGE_CLASSIFICATION
         return cls(causal_lm=task is Task.CAUSAL_LM, loss_function=loss_function,
                    loss_chunk_tokens=config.memory.loss_chunk_tokens
                    if config.memory.chunked_loss else None,
                    reconstruction_loss=config.model.reconstruction_loss.value
                    if task is Task.AUTOENCODER else None,
-                   classification=task is Task.SEQUENCE_CLASSIFICATION)
+                   classification=task in (Task.SEQUENCE_CLASSIFICATION, Task.IMAGE_CLASSIFICATION),
+                   image_input=("pixel_values" if config.model.path else "images")
+                   if images else None,
+                   classes=(len(config.model.labels) or None) if images else None)
+
+    def logits(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A classifier's (batch, classes) logits for the micro-batch."""
+        if self.image_input is None:
+            return classification_logits(model, batch)
+        return image_classification_logits(model, batch["images"],
+                                           self.image_input == "pixel_values", self.classes)
 
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.causal_lm and self.loss_chunk_tokens:
@@ -58,7 +75,7 @@ class TrainingLoss:
         if self.reconstruction_loss:
             return self.reconstruct(model, batch)[0]
         if self.classification:
-            return classification_loss_sum(classification_logits(model, batch), batch["labels"])
+            return classification_loss_sum(self.logits(model, batch), batch["labels"])
         return module_loss_sum(model, batch, self.loss_function)
 
     def reconstruct(self, model: nn.Module, batch: dict[str, torch.Tensor]

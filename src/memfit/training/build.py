@@ -2,7 +2,7 @@
 
 0. data.max_length within the model's context (plan.context; reads config.json only)
 1. seeds                      (weights of presets, LoRA init, data split all depend on them)
-   classes                    (model.task=sequence-classification: model.labels and
+   classes                    (model.task=sequence-/image-classification: model.labels and
                                model.num_labels from the training data; Run.config has them)
 2. model + tokenizer          (models.load; Hugging Face folders load quantized for qlora)
 3. data                       (data.build_datasets; fails early on bad rows)
@@ -37,7 +37,7 @@ from memfit.config.schema import AdapterKind, Config
 from memfit.data import Splits, build_datasets, collate
 from memfit.data.order import optimizer_steps
 from memfit.distributed.ddp import Replicas
-from memfit.models.classifier import with_classes
+from memfit.models.classifier import class_labels, with_classes
 from memfit.models.export_module import exported_module
 from memfit.models.load import LoadedModel, load_model
 from memfit.plan.context import check_max_length
@@ -154,7 +154,7 @@ def build_run(config: Config) -> Run:
     config = with_classes(config)
     loaded = load_base(config)
     splits = build_datasets(config.data, loaded.tokenizer, seed=config.train.seed,
-                            labels=config.model.labels)
+                            labels=class_labels(config))
     model, warnings = prepare_model(loaded, config)
     exported_module(model, config.model.export_module)  # a bad name fails before training
     for warning in warnings:

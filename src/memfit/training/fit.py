@@ -19,6 +19,7 @@ from memfit.config import Config, to_mapping
 from memfit.config.schema import Task
 from memfit.data import build_datasets, collate
 from memfit.models.architectures import ARCHITECTURES
+from memfit.models.classifier import class_labels, with_classes
 from memfit.plan.planner import recommend, refuse_if_too_large
 from memfit.plan.strategies import with_overrides
 from memfit.techniques.config_checks import from_mapping
@@ -46,9 +47,12 @@ def example_batch(config: Config) -> dict[str, torch.Tensor] | None:
     """One training micro-batch from ``data.path``: what the planner traces a
     ``model.factory`` or image model with (it cannot guess a plain module's inputs). None
     for language models, whose inputs the planner makes from the config."""
-    if not config.model.factory and config.model.task is not Task.AUTOENCODER:
+    if not config.model.factory and config.model.task not in (Task.AUTOENCODER,
+                                                               Task.IMAGE_CLASSIFICATION):
         return None
-    splits = build_datasets(config.data, None, seed=config.train.seed)
+    config = with_classes(config)  # image classifiers: the batch holds class ids
+    splits = build_datasets(config.data, None, seed=config.train.seed,
+                            labels=class_labels(config))
     size = min(config.train.micro_batch_size, len(splits.train))
     return collate([splits.train[i] for i in range(size)])
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from memfit.data import count_loss_tokens
-from memfit.models.loss import classification_logits, classification_loss_sum
+from memfit.models.loss import classification_loss_sum
 from memfit.techniques.training_loss import TrainingLoss, example_count
 from memfit.training.class_metrics import accuracy, confusion, macro_f1
 from memfit.training.image_metrics import psnr, ssim
@@ -37,7 +37,7 @@ class Objective(TrainingLoss):
         split and hands to ``eval_metrics``: ``loss``; for autoencoders ``psnr`` and
         ``ssim`` (summed per image); for classifiers ``confusion`` (class_metrics)."""
         if self.classification:
-            logits = classification_logits(model, batch)
+            logits = self.logits(model, batch)
             return {"loss": classification_loss_sum(logits, batch["labels"]),
                     "confusion": confusion(batch["labels"], logits)}
         if not self.reconstruction_loss:

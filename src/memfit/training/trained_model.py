@@ -153,9 +153,13 @@ def _merged_adapter(target: nn.Module, adapter: adapter_checks.Adapter,
     # which asks the Hub about base_model_name_or_path): accepted, never required, and no
     # network lookup.
     needed = get_peft_model_state_dict(model, save_embedding_layers=False)
+    try:
+        optional = get_peft_model_state_dict(model, save_embedding_layers=True)
+    except NotImplementedError:  # a model without input embeddings (ResNet): none to save
+        optional = needed
     adapter_checks.check_tensors_fit(
         weights_file, adapter.weights, needed, f"the adapter {config_file.name} describes on "
-        "this base", optional=get_peft_model_state_dict(model, save_embedding_layers=True))
+        "this base", optional=optional)
     set_peft_model_state_dict(model, adapter.weights)
     return model.merge_and_unload()
 
@@ -194,7 +198,7 @@ def _full_model(run_dir: Path, config: Config, command: str) -> Trained:
     weights = model_dir / "model.safetensors"
     if (model_dir / "config.json").is_file():
         folder = replace(config.model, path=str(model_dir), preset=None, factory=None)
-        loaded = load_model(folder)
+        loaded = load_model(folder, images=config.data.images)
         return loaded.model.to(dtype), loaded.tokenizer, True
     if not weights.is_file():
         raise ConfigError(f"{command} {run_dir}: model/ holds neither config.json nor "

@@ -59,9 +59,40 @@ def test_a_complete_mapping_chooses_only_what_differs_from_the_default():
     ({"data": {"label_field": "topic"}}, "data.label_field"),
     ({"data": {"format": "instruction", "text_field": "body"}}, "data.text_field"),
     ({"model": {"num_labels": 3}}, "model.num_labels"),
+    ({"model": {"preset": "conv-classifier", "task": "image-classification"},
+      "data": {"format": "images", "images": {"target_contrast": []}}},
+     "data.images.target_contrast"),
 ])
 def test_each_rule_names_the_key(raw, key):
     merged = {**BASE, **raw, "data": {**BASE["data"], **raw.get("data", {})},
               "model": {**BASE["model"], **raw.get("model", {})}}
     with pytest.warns(IgnoredKeyWarning, match=rf"^{key}=\S+ is ignored: "):
         from_mapping(merged)
+
+
+def test_image_classification_reads_the_class_keys_and_images_go_with_it():
+    raw = {"model": {"preset": "conv-classifier", "task": "image-classification",
+                     "labels": ["cat", "dog"], "num_labels": 2},
+           "data": {"path": "train", "format": "images", "images": {"size": 16}}}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", IgnoredKeyWarning)
+        config = from_mapping(raw)
+    assert config.model.labels == ("cat", "dog")
+
+
+@pytest.mark.parametrize("model, data, message", [
+    ({"task": "image-classification"}, {"format": "classification"},
+     "model.task=image-classification needs data.format=images"),
+    ({"task": "sequence-classification", "path": "base"}, {"format": "images"},
+     "data.format=images needs model.task autoencoder, image-classification or custom"),
+    ({"task": "image-classification", "factory": "m:f", "loss": "m:l"}, {"format": "images"},
+     "model.task=image-classification trains with cross-entropy"),
+    ({"task": "image-classification", "labels": ["cat"]}, {"format": "images"},
+     "model.labels=['cat'] must name at least 2 classes"),
+])
+def test_image_classification_combinations_are_one_line_errors(model, data, message):
+    from memfit._utils.errors import ConfigError
+
+    source = {} if "path" in model or "factory" in model else {"preset": "conv-classifier"}
+    with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        from_mapping({"model": {**source, **model}, "data": {"path": "train", **data}})

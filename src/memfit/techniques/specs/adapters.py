@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from memfit.config.choices import CLASSIFYING_TASKS
 from memfit.config.schema import AdapterKind, Config, Task
 from memfit.models.classifier import head_names
 from memfit.techniques import lora
@@ -15,9 +16,10 @@ def enabled(config: Config) -> bool:
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    classifies = setting.config.model.task is Task.SEQUENCE_CLASSIFICATION
+    task = setting.config.model.task
     return lora.apply(model, setting.config.adapter,
-                      classifier_head=head_names(model) if classifies else ())
+                      classifier_head=head_names(model) if task in CLASSIFYING_TASKS else (),
+                      sequence_classifier=task is Task.SEQUENCE_CLASSIFICATION)
 
 
 def check_applied(model: nn.Module, config: Config) -> list[str]:

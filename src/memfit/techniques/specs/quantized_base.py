@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from memfit.config.schema import AdapterKind, Config, Task
-from memfit.models.classifier import HEAD_SUFFIXES
+from memfit.config.choices import CLASSIFYING_TASKS
+from memfit.config.schema import AdapterKind, Config
+from memfit.models.classifier import HEAD_SUFFIXES, head_names
 from memfit.techniques import lora, quantize, quantize_stand_in
 from memfit.techniques.specs.spec import Setting, TechniqueSpec
 
@@ -29,7 +30,7 @@ def load_quantization(config: Config):
     if not (enabled(config) and quantize.quantized_while_loading(config)):
         return None
     unquantized = list(config.adapter.trainable_modules)
-    if config.model.task is Task.SEQUENCE_CLASSIFICATION:
+    if config.model.task in CLASSIFYING_TASKS:
         unquantized += HEAD_SUFFIXES
     return quantize.bnb_config(config.adapter, config.precision, unquantized)
 
@@ -41,6 +42,8 @@ def apply(model: nn.Module, setting: Setting) -> nn.Module:
     if not quantize.quantized_while_loading(config):
         keep = lora.output_layer_names(model) | set(
             lora.resolve_trainable_modules(model, config.adapter.trainable_modules))
+        if config.model.task in CLASSIFYING_TASKS:  # the new head trains in full
+            keep |= set(head_names(model))
         quantize.quantize_linears(model, config.adapter, config.precision, keep)
     quantize.keep_training_layout(model)
     return model
