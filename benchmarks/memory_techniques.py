@@ -26,6 +26,8 @@ from memfit.bench.process import CaseFailed, add_case_arguments, run_script_case
 from memfit.bench.random_llama import LLAMA_69M, llama_config, save_random_model, token_batch
 from memfit.bench.script_case import case_config, memfit_training, peer_training
 from memfit.bench.table import text_table
+from memfit.config.ignored import flatten
+from memfit.techniques.registry import TECHNIQUES
 
 MIB = 2**20
 RANK, ALPHA, LR, SEQUENCE = 16, 32.0, 1e-4, 128
@@ -39,6 +41,8 @@ _PEFT = {"optimizer.weight_decay": 0.01}
 CASES = [
     Case("full AdamW fp32 (baseline)", {}),
     Case("full AdamW + checkpointing", _CKPT),
+    # Every technique whose spec brings its own case (a new one included).
+    *(Case(spec.name, flatten(spec.plan_case)) for spec in TECHNIQUES if spec.plan_case),
     Case("LoRA r16 all-linear", _LORA),
     Case("LoRA + checkpointing", {**_LORA, **_CKPT}),
     Case("LoRA + ckpt + chunked loss, bf16", {**_LORA, **_CKPT, "memory.chunked_loss": True,

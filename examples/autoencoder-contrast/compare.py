@@ -31,7 +31,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 import memfit
-from memfit.config import Config, load_config
+from memfit.config import Config
 from memfit.data import build_datasets, collate
 from memfit.merge import merge_run
 from memfit.monitor.memory import CATEGORIES, RECORD_PEAK_KEY, record_key
@@ -48,14 +48,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("lora_run", type=Path, help="the run folder of adapt.yaml")
     lora_run = parser.parse_args().lora_run
-    lora_config = load_config(lora_run / "config.yaml", [])
+    lora_config = memfit.load_config(lora_run / "config.yaml", [])
     full_run = lora_run.with_name(lora_run.name + "-full")
     full_overrides = ["adapter.kind=none", f"optimizer.lr={FULL_FINETUNE_LR}"]
     if not (full_run / "summary.json").is_file():
         shutil.rmtree(full_run, ignore_errors=True)
         print(f"full fine-tuning into {full_run}/ ...", flush=True)
-        memfit.train(load_config(lora_run / "config.yaml",
-                                 [*full_overrides, f"train.output_dir={full_run}"]))
+        memfit.train(memfit.load_config(lora_run / "config.yaml",
+                                        [*full_overrides, f"train.output_dir={full_run}"]))
 
     models = {"before (pretrained)": user_model.pretrained(),
               "after LoRA (merged)": trained_weights(

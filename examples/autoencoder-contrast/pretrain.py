@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 
 import memfit
-from memfit.config import load_config
 from memfit.data.phantoms import random_phantoms
 from memfit.monitor.metrics import read_metrics
 
@@ -28,7 +27,7 @@ def main() -> None:
     np.save(HERE / "data" / "phantoms.npy", random_phantoms(IMAGES, SIZE, seed=0))
     run_dir = HERE / "runs" / "pretrain"
     shutil.rmtree(run_dir, ignore_errors=True)
-    config = load_config(HERE / "pretrain.yaml", [f"train.output_dir={run_dir}"])
+    config = memfit.load_config(HERE / "pretrain.yaml", [f"train.output_dir={run_dir}"])
     result = memfit.train(config)
     evals = [record for record in read_metrics(run_dir) if "eval_psnr" in record]
     print(f"source-contrast eval PSNR {evals[0]['eval_psnr']:.2f} -> "

@@ -2,7 +2,9 @@
 
 Python entry points (imported lazily, so ``import memfit`` stays cheap):
 ``memfit.train(config)`` — see ``memfit.training.api.train``;
-``memfit.plan(config, "24GiB")`` — see ``memfit.plan.planner.plan``.
+``memfit.plan(config, "24GiB")`` — see ``memfit.plan.planner.plan``;
+``memfit.load_config("run.yaml", ["optimizer.lr=1e-4"])`` — a checked Config from YAML and
+overrides, as ``memfit train`` reads them (``memfit.techniques.config_checks.load_config``).
 """
 
 from __future__ import annotations
@@ -30,4 +32,8 @@ def __getattr__(name: str):
         import memfit.plan as plan  # the subpackage is itself callable (plan/__init__.py)
 
         return plan
+    if name == "load_config":
+        from memfit.techniques.config_checks import load_config
+
+        return load_config
     raise AttributeError(f"module 'memfit' has no attribute {name!r}")

@@ -171,3 +171,28 @@ def test_no_source_file_over_500_lines():
             for path in sorted(SOURCE.rglob("*.py"))
             if (count := len(path.read_text().splitlines())) > MAX_LINES]
     assert not long, f"over {MAX_LINES} lines: " + ", ".join(long)
+
+
+ARCHITECTURE = SOURCE.parents[1] / "docs" / "architecture.md"
+
+
+def drawn_packages() -> list[str]:
+    """The packages docs/architecture.md's first drawing names at the start of its lines,
+    top to bottom ("training/", "merge.py generate.py ...")."""
+    text = ARCHITECTURE.read_text()
+    drawing = text.split("```")[1]
+    names = []
+    for line in drawing.splitlines():
+        if line[:1] == " " and line[1:2] not in (" ", "─", ""):
+            for word in line.split("  ")[0].split():
+                name = word.removesuffix("/").removesuffix(".py")
+                names += [name] if name in FLOOR else []
+    return names
+
+
+def test_docs_architecture_draws_every_floor_top_down():
+    drawn = drawn_packages()
+    assert set(drawn) == set(FLOOR) - {"__init__"}  # memfit/__init__.py sits beside cli.py
+    floors = [FLOOR[name] for name in drawn]
+    assert floors == sorted(floors, reverse=True), (
+        f"docs/architecture.md draws the floors out of order: {drawn}; FLOORS: {FLOORS}")

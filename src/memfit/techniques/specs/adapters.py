@@ -29,6 +29,10 @@ def check_applied(model: nn.Module, config: Config) -> list[str]:
 
 SPEC = TechniqueSpec(
     name="adapters",
+    docs_row=("LoRA / DoRA / rsLoRA through PEFT; `adapter.targets` takes names, globs, "
+              "classes, or kinds: `attention-qv`, `attention-q`/`-k`/`-v` (on fused `qkv`, "
+              "`c_attn`, `qkv_proj`, `nn.MultiheadAttention`: only those rows), `attention`, "
+              "`mlp`, `all-linear`, `conv`; Linear / Conv subclasses keep their own forward"),
     keys=("adapter.kind=lora", "adapter.kind=qlora", "adapter.rank", "adapter.alpha",
           "adapter.dropout", "adapter.targets", "adapter.restrict_to", "adapter.rslora",
           "adapter.dora", "adapter.trainable_modules"),

@@ -20,6 +20,7 @@ def check_applied(model: nn.Module, config: Config) -> list[str]:
 
 SPEC = TechniqueSpec(
     name="activation checkpointing",
+    docs_row="activation checkpointing: blocks recomputed in backward",
     keys=("memory.gradient_checkpointing", "memory.checkpoint_modules",
           "memory.checkpoint_every"),
     stage="model", enabled=lambda config: config.memory.gradient_checkpointing,

@@ -17,6 +17,7 @@ def check_applied(model: nn.Module, config: Config) -> list[str]:
 
 SPEC = TechniqueSpec(
     name="chunked loss",
+    docs_row="chunked LM loss (no full fp32 logits)",
     keys=("memory.chunked_loss", "memory.loss_chunk_tokens"),
     stage="step", enabled=lambda config: config.memory.chunked_loss,
     plan="techniques.training_loss, traced as training runs it (plan.workload)",

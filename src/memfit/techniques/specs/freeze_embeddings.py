@@ -21,6 +21,8 @@ def check_applied(model: nn.Module, config: Config) -> list[str]:
 
 SPEC = TechniqueSpec(
     name="frozen embeddings",
+    docs_row=("full fine-tune with the input embedding and the output layer frozen (no "
+              "gradient, no optimizer state)"),
     keys=("memory.freeze_embeddings",),
     stage="model",
     enabled=lambda config: (config.memory.freeze_embeddings

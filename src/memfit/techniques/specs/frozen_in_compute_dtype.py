@@ -28,6 +28,8 @@ def apply(model: nn.Module, setting: Setting) -> nn.Module:
 
 SPEC = TechniqueSpec(
     name="frozen weights in the compute dtype",
+    docs_row=("frozen Linear weights stored in the compute dtype under bf16/fp16 (same "
+              "results, half the bytes)"),
     keys=("adapter.frozen_in_compute_dtype",),
     stage="model", enabled=lambda config: frozen_storage_dtype(config) is not None,
     plan="the meta model's weights are cast as training's",

@@ -8,6 +8,7 @@ from memfit.techniques.specs.spec import TechniqueSpec
 
 SPEC = TechniqueSpec(
     name="mixed precision",
+    docs_row="mixed precision: autocast, fp16 with a grad scaler",
     keys=("precision=bf16", "precision=fp16"),
     stage="step",
     enabled=lambda config: config.precision in (Precision.BF16, Precision.FP16),

@@ -19,6 +19,7 @@ def apply(optimizer: torch.optim.Optimizer, setting: Setting) -> torch.optim.Opt
 
 SPEC = TechniqueSpec(
     name="optimizer offload",
+    docs_row="optimizer-state offload: the state and its update in host memory",
     keys=("memory.optimizer_offload",),
     stage="optimizer", enabled=lambda config: config.memory.optimizer_offload,
     plan="plan.itemize counts the state, fp32 master weights and grads and the step's "

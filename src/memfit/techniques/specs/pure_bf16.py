@@ -25,6 +25,7 @@ def apply(model: nn.Module, setting: Setting) -> nn.Module:
 
 SPEC = TechniqueSpec(
     name="pure bf16 weights",
+    docs_row="pure bf16: bf16 weights, updated with stochastic rounding",
     keys=("precision=bf16-pure",),
     stage="device", enabled=lambda config: config.precision is Precision.BF16_PURE,
     plan="plan.meta builds the model in planned_weights_dtype (bfloat16)",

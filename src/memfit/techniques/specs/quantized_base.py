@@ -63,6 +63,7 @@ def plan_apply(model: nn.Module, setting: Setting) -> nn.Module:
 
 SPEC = TechniqueSpec(
     name="quantized base",
+    docs_row="QLoRA: NF4 (double quant) or int8 frozen base",
     keys=("adapter.kind=qlora", "adapter.quantization", "adapter.double_quant"),
     stage="load", enabled=enabled,
     plan="techniques.quantize_stand_in: QuantizedLinear's bytes and matmul memory",

@@ -58,6 +58,9 @@ class TechniqueSpec:
     stage: Stage
     enabled: Callable[[Config], bool]
     plan: str  # the planner's view, where plan_apply does not say it all
+    # Its row in README.md's "Saving memory" table (techniques/docs_table.py), beside its
+    # keys.
+    docs_row: str
     apply: Apply | None = None  # None: the stage's code runs it (training.loop, objective)
     # "Did it apply?" on the trained model: its warnings; raises ConfigError when it did not.
     check_applied: Callable[[nn.Module, Config], list[str]] = nothing_to_check

@@ -20,6 +20,8 @@ def check_applied(model: nn.Module, config: Config) -> list[str]:
 
 SPEC = TechniqueSpec(
     name="tiled MLP",
+    docs_row=("sequence-tiled MLP (one chunk's `tokens x intermediate` activations at a time, "
+              "recomputed in backward)"),
     keys=("memory.tiled_mlp", "memory.mlp_chunk_tokens"),
     stage="model", enabled=lambda config: config.memory.tiled_mlp,
     plan="traced: the MLPs run chunk by chunk on the fake tensors, as in training",
