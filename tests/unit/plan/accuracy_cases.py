@@ -183,6 +183,10 @@ def _galore(projector: str = "randomized_svd", modules: list[str] | None = None,
 
 
 # strategy name -> overrides on top of an architecture.
+# The techniques whose spec brings its own case, by a one-word name ("frozen-embeddings")
+# that the recorded table in docs/planner.md can show in its strategy column.
+TECHNIQUE_CASES = {spec.name.replace(" ", "-"): spec for spec in registry.TECHNIQUES
+                   if spec.plan_case}
 STRATEGIES: dict[str, dict] = {
     "adamw": {"optimizer": {"name": "adamw"}},
     "adamw-bf16": {"optimizer": {"name": "adamw"}, "precision": "bf16"},
@@ -242,7 +246,7 @@ STRATEGIES: dict[str, dict] = {
                   "memory": {"tiled_mlp": True, "mlp_chunk_tokens": 32}},
     "bf16-pure": {"optimizer": {"name": "adamw"}, "precision": "bf16-pure"},
     # Every technique whose spec brings its own case (a new one included).
-    **{spec.name: dict(spec.plan_case) for spec in registry.TECHNIQUES if spec.plan_case},
+    **{slug: dict(spec.plan_case) for slug, spec in TECHNIQUE_CASES.items()},
 }
 
 
@@ -268,7 +272,7 @@ RANK_8 = ("lora-r8", "qlora-r8")
 # Techniques measured on the tiny Llama alone: the tiled MLP tiles Llama-style MLP modules,
 # and one architecture shows what casting every weight to bf16 does.
 LLAMA_ONLY = ("tiled-mlp", "bf16-pure",
-              *(spec.name for spec in registry.TECHNIQUES if spec.plan_case))
+              *TECHNIQUE_CASES)
 ADAPTER_TARGETS = {"conv-autoencoder": ["conv"]}
 
 

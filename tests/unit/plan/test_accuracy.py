@@ -10,6 +10,7 @@ from accuracy_cases import (
     PROJECTORS,
     RANK_8,
     STRATEGIES,
+    TECHNIQUE_CASES,
     cases,
     config_for,
     measure_peak,
@@ -41,7 +42,7 @@ SPECS = {*(("llama-wide", f"galore-{projector}") for projector in PROJECTORS),
          ("gpt2", "adamw-layerwise"), ("llama", "chunked-loss"), ("llama", "tiled-mlp"),
          ("llama", "bf16-pure"),
          # every technique whose spec brings its own case
-         *(("llama", spec.name) for spec in registry.TECHNIQUES if spec.plan_case),
+         *(("llama", slug) for slug in TECHNIQUE_CASES),
          # every registered optimizer without a case above (a new one included)
          *(("llama", name) for name in OPTIMIZER_SPECS
            if name in STRATEGIES and name not in ("adamw", "adamw8bit", "adafactor"))}
