@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     generate.set_defaults(handler=_command_generate)
 
     predict = commands.add_parser(
-        "predict", help="a trained classifier's label for each row of a file",
+        "predict", help="a trained classifier's label for each row of a file, or each image",
         description="One prediction per row of FILE (jsonl, csv or parquet with the run's "
                     "data.text_field; no label needed), as JSON lines {\"row\": index from 0, "
                     "\"label\": class name, \"probability\": its softmax probability}, to "
