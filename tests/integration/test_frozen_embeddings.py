@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import tiny_run_arguments
+from cli_helpers import run_cli, tiny_run_arguments
 from safetensors.torch import load_file
 from torch import nn
 
@@ -80,6 +80,23 @@ def test_training_leaves_them_as_they_were(tmp_path: Path, instructions: Path) -
     before = {name: p.detach().clone() for name, p in load_base(config).model.named_parameters()}
     result = memfit.train(config)
     after = load_file(result.output_dir / "model" / "model.safetensors")
+    assert torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
+    moved = "model.layers.0.mlp.up_proj.weight"
+    assert not torch.equal(after[moved], before[moved])
+
+
+def test_two_fsdp_processes_leave_them_as_they_were(tmp_path: Path, instructions: Path) -> None:
+    # FSDP2 shards the frozen embedding beside trainable weights of the same module tree.
+    run = tmp_path / "run"
+    result = run_cli("train", *tiny_run_arguments(
+        instructions, run, "data.eval_fraction=0", "log.tensorboard=false", "train.max_steps=2",
+        "optimizer.lr=1e-2", "memory.freeze_embeddings=true", "distributed.strategy=fsdp",
+        "distributed.nproc=2"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    config = load_config(run / "config.yaml", [])
+    seed_everything(config.train.seed)
+    before = load_base(config).model.state_dict()
+    after = load_file(run / "model" / "model.safetensors")
     assert torch.equal(after["model.embed_tokens.weight"], before["model.embed_tokens.weight"])
     moved = "model.layers.0.mlp.up_proj.weight"
     assert not torch.equal(after[moved], before[moved])
