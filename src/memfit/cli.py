@@ -101,6 +101,11 @@ def _print_summary(summary: dict, run_dir: Path) -> None:
     if first is not None:
         print(f"training loss {first:.4f} -> {final:.4f} over {summary['steps']} steps "
               f"in {summary['train_seconds']:.1f} s on {summary['device']}")
+    if summary.get("tokens_per_second") is not None:
+        loss = summary.get("loss_tokens_per_second")
+        print(f"throughput    {summary['tokens_per_second']:,.0f} tokens/s fed to the model "
+              "(prompts too, padding not)" + (f"; {loss:,.0f} loss tokens/s (those the loss "
+                                              "averages over)" if loss is not None else ""))
     if summary["eval_loss_before"] is not None:
         print(f"eval loss     {summary['eval_loss_before']:.4f} -> "
               f"{summary['eval_loss_after']:.4f}")
@@ -332,8 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
         "plan", help="memory of every strategy, and which to use for a budget",
         description="Estimate, without allocating, what training would cost per strategy; "
                     "with --budget (default: the GPU's memory, where one is present), mark "
-                    "what fits and recommend one. Without CONFIG.yaml, "
-                    "name the model with an override, e.g. model.preset=llama-3.1-8b. With "
+                    "what fits and recommend one. Without CONFIG.yaml, the built-in demo "
+                    "(what memfit train trains with no arguments) is planned, or name the "
+                    "model with an override, e.g. model.preset=llama-3.1-8b. With "
                     "--devices N, bytes and --budget are per device; data parallel (ddp) is "
                     "recommended when some strategy fits one device, FSDP2 (fsdp) otherwise.")
     plan.add_argument("arguments", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
@@ -343,7 +349,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "where one is present (--device cuda), else every strategy's "
                            "bytes with no fits column")
     plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                      help="cuda adds context and allocator overhead; cpu counts tensors only")
+                      help="the device to plan for: cuda (default, also where no GPU is here: "
+                           "the header then says it is assumed) adds the CUDA context and "
+                           "allocator overhead; cpu plans for this machine, tensors only")
     plan.add_argument("--devices", type=int, metavar="N",
                       help="bytes per device of training as N processes, one device each: "
                            "every strategy under ddp (each holds the whole model) and under "

@@ -75,7 +75,7 @@ def _image_batches(config: Config, tokenizer: Any, file: Path) -> Batches:
     training made its images: data.images' normalize, channels, size and contrast."""
     settings = config.data.images
     pairs = [pair for name in image_files(str(file), f"{COMMAND} FILE")
-             for pair in file_images(name)]
+             for pair in file_images(name, settings.channels)]
     size = config.train.micro_batch_size
     for start in range(0, len(pairs), size):
         chunk = pairs[start:start + size]

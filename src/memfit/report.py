@@ -166,6 +166,15 @@ def _image(png: bytes, alt: str) -> str:
     return f"<img alt=\"{html.escape(alt)}\" src=\"data:image/png;base64,{encoded}\">"
 
 
+# Summary keys whose meaning is not in their name: which tokens each rate counts.
+_MEANINGS = {
+    "tokens": "tokens fed to the model: prompts too, padding not",
+    "tokens_per_second": "tokens fed to the model per second (what other tools report)",
+    "loss_tokens": "tokens the loss averages over (responses, shifted by one)",
+    "loss_tokens_per_second": "loss tokens per second",
+}
+
+
 def _summary_table(summary: dict[str, Any] | None) -> str:
     if summary is None:
         return _note("no summary.json: the run has not finished (or was killed); the "
@@ -180,8 +189,8 @@ def _summary_table(summary: dict[str, Any] | None) -> str:
             value = _bytes_text(value)
         elif isinstance(value, float):
             value = f"{value:.4g}"
-        rows.append([key, str(value)])
-    return _table(["key", "value"], rows)
+        rows.append([key, str(value), _MEANINGS.get(key, "")])
+    return _table(["key", "value", "meaning"], rows)
 
 
 def _plan_section(run_dir: Path, summary: dict[str, Any] | None, device: str) -> str:

@@ -25,10 +25,13 @@ def test_full_fine_tune_writes_a_complete_run_folder(tmp_path: Path, instruction
     train_records = [r for r in records if "loss" in r]
     assert [r["step"] for r in train_records] == [1, 2, 3, 4, 5, 6]
     for record in train_records:
-        assert {"lr", "grad_norm", "tokens_per_second", "tokens", "input_tokens",
-                "padding_fraction"} <= record.keys()
-        # Rows padded to the longest of each micro-batch: some padding, never all of it.
-        assert record["input_tokens"] > record["tokens"] and 0 <= record["padding_fraction"] < 1
+        assert {"lr", "grad_norm", "tokens_per_second", "tokens", "loss_tokens",
+                "loss_tokens_per_second", "padding_fraction"} <= record.keys()
+        # tokens: all the model was fed (prompts too); loss tokens: the responses only.
+        assert record["tokens"] > record["loss_tokens"] and 0 <= record["padding_fraction"] < 1
+        assert record["tokens_per_second"] == record["tokens"] / record["step_seconds"]
+        assert record["loss_tokens_per_second"] == (record["loss_tokens"]
+                                                    / record["step_seconds"])
     assert [r["step"] for r in records if "eval_loss" in r] == [0, 3, 6]
 
     events = EventAccumulator(str(run_dir / "tensorboard"))

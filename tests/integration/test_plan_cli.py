@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from cli_helpers import run_cli
+from cli_helpers import run_cli, run_in_process
 
 
 def test_plan_json_is_one_object(tmp_path):
@@ -12,7 +12,30 @@ def test_plan_json_is_one_object(tmp_path):
                      "--budget", "64MiB", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
-    assert set(plan) == {"devices", "config", "strategies", "skipped", "recommended", "reason"}
+    assert set(plan) == {"device", "device_assumed", "devices", "config", "strategies",
+                         "skipped", "recommended", "reason"}
+
+
+def test_plan_without_arguments_plans_the_demo_and_says_the_gpu_is_assumed(tmp_path):
+    """As `memfit train` with no arguments trains the demo, `memfit plan` plans it; the
+    header says what the plan is for, and that a GPU which is not here is assumed."""
+    import torch
+
+    from memfit.demo.defaults import demo_config_path
+
+    result = run_in_process("plan", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    explicit = run_in_process("plan", str(demo_config_path()), "--json", cwd=tmp_path)
+    assert plan == json.loads(explicit.stdout)
+    assert plan["device"] == "cuda" and plan["device_assumed"] is not torch.cuda.is_available()
+    header = run_in_process("plan", cwd=tmp_path).stdout.splitlines()[0]
+    assert header.startswith("memfit plan: demo-base, micro-batch 8 x 128 tokens")
+    if not torch.cuda.is_available():
+        assert header.endswith("for cuda (assumed: no GPU here; --device cpu to plan for this "
+                               "machine)")
+    on_cpu = run_in_process("plan", "--device", "cpu", cwd=tmp_path).stdout.splitlines()[0]
+    assert on_cpu.endswith("no budget, for cpu")
 
 
 def test_plan_without_a_budget_prints_every_strategy_quietly(tmp_path):
@@ -28,7 +51,7 @@ def test_plan_without_a_budget_prints_every_strategy_quietly(tmp_path):
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
     lines = result.stdout.splitlines()
-    assert "no budget (cpu)" in lines[0]
+    assert "no budget, for cpu" in lines[0]
     header = lines[2].split()
     assert header[0] == "strategy" and header[-3:] == ["host", "peak", "at"]
     assert "fits" not in header

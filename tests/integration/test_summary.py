@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from cli_helpers import run_in_process, tiny_run_arguments, write_config
 from factories import write_regression_data
 
@@ -41,7 +42,15 @@ def test_a_measured_run_reports_its_training_peak(tmp_path: Path, instructions: 
     assert summary["memory_peak_step"] == max(measured, key=measured.get)
     assert summary["memory_measured_steps"] == 2
     assert sum(summary["memory_peak_by_category"].values()) == max(peaks)
-    assert summary["tokens"] == sum(r["tokens"] for r in read_metrics(run) if "loss" in r)
+    steps = [r for r in read_metrics(run) if "loss" in r]
+    for name in ("tokens", "loss_tokens"):  # fed to the model / in the loss
+        assert summary[name] == sum(r[name] for r in steps)
+        assert summary[f"{name}_per_second"] == pytest.approx(
+            summary[name] / summary["train_seconds"])
+    assert summary["tokens"] > summary["loss_tokens"]  # the prompts are fed, not learned
+    assert (f"throughput    {summary['tokens_per_second']:,.0f} tokens/s fed to the model "
+            "(prompts too, padding not); "
+            f"{summary['loss_tokens_per_second']:,.0f} loss tokens/s") in result.stdout
 
 
 def test_data_without_tokens_counts_examples(tmp_path: Path):

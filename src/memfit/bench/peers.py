@@ -18,7 +18,7 @@ from torch import nn
 
 from memfit.bench.peer_models import BUILDERS, GALORE_TARGETS, galore_settings, load_model
 from memfit.config.schema import Config, Precision
-from memfit.data import count_loss_tokens
+from memfit.data import count_positions
 from memfit.monitor.memory import MemoryMeter, make_memory_meter
 from memfit.techniques.optimizers.options import adam_options
 from memfit.techniques.optimizers.registry import spec_for
@@ -59,7 +59,7 @@ def _plain_loop(model: nn.Module, optimizer: torch.optim.Optimizer | None, batch
 
 def _record(step: int, loss: float, batch: Batch, seconds: float,
             meter: MemoryMeter | None) -> Record:
-    record = {"step": step, "loss": loss, "tokens": count_loss_tokens(batch),
+    record = {"step": step, "loss": loss, "tokens": count_positions(batch)[0],
               "step_seconds": seconds}
     if meter is not None and meter.last_step is not None:
         record.update(meter.last_step.to_record())

@@ -60,6 +60,7 @@ class TrainerState:
     consumed: int = 0         # training examples drawn from the batch stream
     tokens: int = 0           # loss tokens (or examples) trained on
     elapsed_seconds: float = 0.0
+    input_tokens: int = 0     # tokens fed to the model, prompts too, padding not
 
 
 def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:

@@ -119,7 +119,10 @@ class ImagesConfig:
         "(scale both sides to size, ignoring the aspect ratio).",
         default=ImageResize.CROP,
     )
-    channels: int = doc("1 (grayscale; RGB is converted by luminance) or 3 (RGB).", default=1)
+    channels: int = doc("1 (grayscale) or 3 (RGB). An image file of any mode is converted as "
+                        "Pillow converts it (L or RGB; alpha dropped; 16-bit gray keeps its "
+                        "values); an RGB array becomes gray by the same luma weights.",
+                        default=1)
     normalize: ImageNormalize = doc(
         "How intensities reach [0, 1]: auto (unsigned integers divided by their type's "
         "maximum, e.g. 255; float arrays already in [0, 1] kept as they are; anything else "
@@ -155,7 +158,9 @@ class DataConfig:
         "(prompt/response or instruction/input/output; prompt masked out of the loss), chat "
         "('messages'; only assistant turns in the loss), classification (a text field and a "
         "label field, for model.task=sequence-classification), tensors (named arrays), "
-        "images (a folder or file of PNG/JPEG images or .npy/.npz arrays; see data.images).",
+        "images (a folder or file of PNG/JPEG images, each file one image, or .npy/.npz "
+        "arrays: one image (H, W[, C]) or a stack (N, H, W), (N, H, W, C), (N, C, H, W); see "
+        "data.images).",
         default=DataFormat.TEXT,
     )
     max_length: int = doc("Tokens per example (truncation) or per packed block.",

@@ -7,8 +7,9 @@
   (searched recursively, hidden entries skipped) is an example of it. Class folders hold
   images only (PNG/JPEG/BMP/TIFF); other files directly in ``data.path`` are not read, an
   image there (outside every class) is refused; or
-- a ``.npz`` file with an ``images`` stack, (N, H, W) or (N, H, W, C), and ``labels``,
-  (N,), class ids (integers) or class names (strings).
+- a ``.npz`` file with an ``images`` stack, (N, H, W), (N, H, W, C) or (N, C, H, W) (the
+  layouts of data/images.py), and ``labels``, (N,), class ids (integers) or class names
+  (strings).
 
 Labels are listed before anything is decoded (``list_labelled``), so the classes are
 known, and checked, before a model is built. Folder names are class names; the classes
@@ -121,8 +122,8 @@ def _npz_labels(path: str, key: str) -> Labelled:
             names = list(archive.files)
             if "images" not in names or "labels" not in names:
                 raise DataError(f"{key} {path} holds arrays {names}; model.task="
-                                "image-classification needs 'images' (N, H, W[, C]) and "
-                                "'labels' (N,)")
+                                "image-classification needs 'images' (N, H, W), (N, H, W, C) "
+                                "or (N, C, H, W) and 'labels' (N,)")
             labels, count = archive["labels"], archive["images"].shape[0]
     except DataError:
         raise
@@ -192,14 +193,9 @@ def class_ids(labelled: Labelled, indices: Sequence[int], names: Sequence[str]
 
 def read(labelled: Labelled, settings: ImageSettings) -> torch.Tensor:
     """Every example's picture, (N, C, S, S) float32 in [0, 1], before contrast."""
-    if labelled.files:
-        pairs = []
-        for file in labelled.files:
-            images = file_images(file)
-            if len(images) != 1:  # a multi-image file would shift every later label
-                raise DataError(f"{labelled.key}: {file} holds {len(images)} images; a class "
-                                "folder's files hold one image each")
-            pairs += images
+    if labelled.files:  # image files: exactly one image each
+        pairs = [pair for file in labelled.files
+                 for pair in file_images(file, settings.channels)]
         return load_images(pairs, settings)
     with np.load(labelled.path, allow_pickle=False) as archive:
         return load_images(stack_images(archive["images"], f"{labelled.path}[images]"),

@@ -2,12 +2,21 @@
 
 ``data.path`` is one file or a folder (searched recursively; hidden entries and memfit run
 folders skipped) of PNG/JPEG/BMP/TIFF images (decoded with Pillow) and ``.npy``/``.npz``
-arrays. An array is one image, (H, W) or (H, W, C), or a stack, (N, H, W) or
-(N, H, W, C), channels last with C in 1, 3, 4 (a 3-D array whose last size is one of those
-and smaller than the other two is one image); every array of an ``.npz`` file is read.
+arrays.
+
+An image file is exactly one image, whatever its size or mode: Pillow converts it to the
+configured channels (``L`` for 1, ``RGB`` for 3, as Pillow defines them: ITU-R 601-2 luma
+for gray; alpha and palette transparency are dropped, not composited), except that a
+single-channel image deeper than 8 bits (``I;16``, ``I``, ``F``) keeps its values and is
+repeated into 3 channels when 3 are asked for.
+
+Only array files hold stacks. An array is one image, (H, W), or (H, W, C) with C in 1, 3, 4
+smaller than both sides; or a stack, (N, H, W), (N, H, W, C) or (N, C, H, W) with C in 1,
+3, 4. A shape that two of these layouts fit ((5, 2, 3): one 5x2 image or five 2x3 images;
+(8, 3, 3, 3)) is refused with the shape named. Every array of an ``.npz`` file is read.
 
 Each image goes, in this order: to float intensities in [0, 1] (``normalize``), to the
-configured channels (RGB -> gray by ITU-R BT.601 luminance, alpha dropped), to
+configured channels (arrays: RGB -> gray by the same luma weights, alpha dropped), to
 ``size`` x ``size`` (``resize``), then through the ``contrast`` transforms -> the model
 input ``images``; through ``target_contrast`` (from the same [0, 1] image) -> ``targets``,
 present only when ``target_contrast`` is set. Everything is computed once, at build time:
@@ -60,8 +69,8 @@ def read_images(path: str, settings: ImageSettings, seed: int, key: str = "data.
     ``settings.target_contrast`` is set; float32 in [0, 1]. ``key``: the config key that
     names ``path``, for messages."""
     check_settings(settings)
-    return transformed(load_images(_file_arrays(image_files(path, key)), settings), settings,
-                       seed)
+    pictures = load_images(_file_arrays(image_files(path, key), settings.channels), settings)
+    return transformed(pictures, settings, seed)
 
 
 def check_settings(settings: ImageSettings, targets: bool = True) -> None:
@@ -197,9 +206,9 @@ def _generator(seed: int, index: int, role: int) -> torch.Generator:
 
 # --- decoding, normalisation, channels, size ----------------------------------------------
 
-def _file_arrays(files: list[str]) -> Iterator[tuple[str, np.ndarray]]:
+def _file_arrays(files: list[str], channels: int) -> Iterator[tuple[str, np.ndarray]]:
     for file in files:
-        yield from _arrays(file)
+        yield from file_images(file, channels)
 
 
 def load_images(arrays: Iterable[tuple[str, np.ndarray]], settings: ImageSettings
@@ -221,22 +230,9 @@ def load_images(arrays: Iterable[tuple[str, np.ndarray]], settings: ImageSetting
     return torch.stack(images).float()
 
 
-def file_images(file: str) -> list[tuple[str, np.ndarray]]:
-    """(description, (H, W, C) array) for each image in ``file``."""
-    return _arrays(file)
-
-
-def stack_images(array: np.ndarray, where: str) -> list[tuple[str, np.ndarray]]:
-    """A stack of images, (N, H, W) or (N, H, W, C) -> (description, (H, W, C)) each."""
-    if array.ndim not in (3, 4) or (array.ndim == 4 and array.shape[-1] not in _CHANNEL_COUNTS):
-        raise DataError(f"image array {where} has shape {array.shape}; need a stack (N, H, W) "
-                        "or (N, H, W, C) with C in 1, 3, 4 (channels last)")
-    images = _split_stack(array if array.ndim == 4 else array[..., None], where)
-    return [(f"{where} #{i}", image) for i, image in enumerate(images)]
-
-
-def _arrays(file: str) -> list[tuple[str, np.ndarray]]:
-    """(description, (H, W, C) array) for each image in ``file``."""
+def file_images(file: str, channels: int) -> list[tuple[str, np.ndarray]]:
+    """(description, (H, W, C) array) for each image in ``file``: exactly one for an image
+    file (decoded to ``channels``), one or more for an array file."""
     try:
         if _extension(file) == ".npy":
             named = {"": np.load(file, allow_pickle=False)}
@@ -244,13 +240,13 @@ def _arrays(file: str) -> list[tuple[str, np.ndarray]]:
             with np.load(file, allow_pickle=False) as archive:
                 named = {name: archive[name] for name in archive.files}
         else:
-            named = {"": _decode(file)}
+            return [(file, _decode(file, channels))]
     except Exception as error:  # an unreadable file is the user's to fix
         raise DataError(f"cannot read image file {file}: {error}".splitlines()[0]) from error
     found = []
     for name, array in named.items():
         where = f"{file}[{name}]" if name else file
-        images = _split_stack(array, where)
+        images = _array_images(array, where)
         found += [(f"{where} #{i}" if len(images) > 1 else where, image)
                   for i, image in enumerate(images)]
     if not found:
@@ -258,32 +254,81 @@ def _arrays(file: str) -> list[tuple[str, np.ndarray]]:
     return found
 
 
-def _decode(file: str) -> np.ndarray:
+def stack_images(array: np.ndarray, where: str) -> list[tuple[str, np.ndarray]]:
+    """A stack of images, (N, H, W), (N, H, W, C) or (N, C, H, W) -> (description,
+    (H, W, C)) each."""
+    _check_numbers(array, where)
+    if array.ndim not in (3, 4):
+        raise DataError(f"image array {where} has shape {array.shape}; need a stack {_STACKS}")
+    return [(f"{where} #{i}", image) for i, image in enumerate(_stack(array, where))]
+
+
+# Pillow modes of one channel deeper than 8 bits: their values are kept, not cut to 8 bits.
+_DEEP_MODES = ("I", "F", "I;16", "I;16L", "I;16B", "I;16N")
+
+
+def _decode(file: str, channels: int) -> np.ndarray:
+    """An image file -> one (H, W, channels) array (uint8; deep gray: uint16, int32 or
+    float32 with one channel, repeated by ``_to_channels``)."""
     from PIL import Image
 
     with Image.open(file) as image:
-        if image.mode == "I":  # 16-bit PNGs decode to int32 holding 0..65535
-            return np.asarray(image).astype(np.uint16)
-        if image.mode not in ("L", "LA", "RGB", "RGBA", "I;16", "F"):
-            image = image.convert("RGBA" if "A" in image.getbands() else "RGB")
-        return np.asarray(image)
+        if image.mode in _DEEP_MODES:
+            array = np.asarray(image)
+            if image.mode == "I" and array.size and array.min() >= 0 and array.max() <= 65535:
+                array = array.astype(np.uint16)  # 16-bit PNGs decode to int32 of 0..65535
+            return array.astype(array.dtype.newbyteorder("="))[:, :, None]
+        if image.mode in ("P", "PA"):  # a palette's transparency goes the way of alpha
+            image = image.convert("RGBA")
+        array = np.asarray(image.convert("L" if channels == 1 else "RGB"))
+        return array[:, :, None] if array.ndim == 2 else array
 
 
-def _split_stack(array: np.ndarray, where: str) -> list[np.ndarray]:
-    """An array -> its images, each (H, W, C)."""
+_STACKS = "(N, H, W), (N, H, W, C) or (N, C, H, W) with C in 1, 3, 4"
+
+
+def _check_numbers(array: np.ndarray, where: str) -> None:
     if array.dtype.kind not in "biuf":
         raise DataError(f"image array {where} has dtype {array.dtype}; need numbers")
+
+
+def _array_images(array: np.ndarray, where: str) -> list[np.ndarray]:
+    """An array -> its images, each (H, W, C); a shape two layouts fit is refused."""
+    _check_numbers(array, where)
     if array.ndim == 2:
         return [array[:, :, None]]
-    if array.ndim == 3 and array.shape[-1] in _CHANNEL_COUNTS and array.shape[-1] < min(
-            array.shape[:2]):  # (H, W, C), C smaller than both sides; else a stack
-        return [array]
+    if array.ndim == 3:
+        one_image = array.shape[-1] in _CHANNEL_COUNTS and array.shape[-1] < min(array.shape[:2])
+        if one_image:
+            return [array]
+        if array.shape[-1] in _CHANNEL_COUNTS:  # (H, W, C) with a side <= C, or (N, H, W)
+            raise DataError(
+                f"image array {where} has shape {array.shape}: one {array.shape[0]}x"
+                f"{array.shape[1]} image with {array.shape[2]} channels, or "
+                f"{array.shape[0]} images of {array.shape[1]}x{array.shape[2]}? Save one image "
+                "as (1, H, W, C), or a stack as (N, H, W, 1)")
+        return _stack(array, where)
+    if array.ndim == 4:
+        return _stack(array, where)
+    raise DataError(f"image array {where} has shape {array.shape}; need one image (H, W) or "
+                    f"(H, W, C), or a stack {_STACKS}")
+
+
+def _stack(array: np.ndarray, where: str) -> list[np.ndarray]:
+    """(N, H, W), (N, H, W, C) or (N, C, H, W) -> N arrays (H, W, C)."""
     if array.ndim == 3:
         return [image[:, :, None] for image in array]
-    if array.ndim == 4 and array.shape[-1] in _CHANNEL_COUNTS:
+    channels_last, channels_first = (array.shape[3] in _CHANNEL_COUNTS,
+                                     array.shape[1] in _CHANNEL_COUNTS)
+    if channels_last and channels_first:
+        raise DataError(
+            f"image array {where} has shape {array.shape}: (N, H, W, C) or (N, C, H, W)? "
+            "Both fit; resize the images or save them with more than 4 pixels a side")
+    if channels_last:
         return list(array)
-    raise DataError(f"image array {where} has shape {array.shape}; need (H, W), (H, W, C), "
-                    "(N, H, W) or (N, H, W, C) with C in 1, 3, 4 (channels last)")
+    if channels_first:
+        return list(array.transpose(0, 2, 3, 1))
+    raise DataError(f"image array {where} has shape {array.shape}; need a stack {_STACKS}")
 
 
 def _to_unit_range(array: np.ndarray, normalize: str) -> np.ndarray:

@@ -1,10 +1,12 @@
 """Metrics sinks: ``metrics.jsonl`` (one JSON object per logged step) and TensorBoard.
 
 Each record has ``step`` (the optimizer step, from 1; 0 for the evaluation before
-training) and either training keys (``loss``, ``lr``, ``grad_norm``, ``tokens`` and
-``tokens_per_second`` (``examples`` and ``examples_per_second`` for data without tokens),
-memory), evaluation keys (``eval_loss``, ``eval_perplexity``), or ``sample_answers``
-(training/sample_answers.py).
+training) and either training keys (``loss``, ``lr``, ``grad_norm``; for token data
+``tokens`` and ``tokens_per_second``: the tokens fed to the model, prompts too, padding
+not, as other tools count them, with ``padding_fraction``; ``loss_tokens`` and
+``loss_tokens_per_second`` for language models: the tokens the loss averages over;
+``examples`` and ``examples_per_second`` for other models; memory), evaluation keys
+(``eval_loss``, ``eval_perplexity``), or ``sample_answers`` (training/sample_answers.py).
 
 The file is strict JSON: a non-finite number (a diverged loss) is written as ``null``.
 A resumed run first cuts the file (and TensorBoard, through ``purge_step``) back to its

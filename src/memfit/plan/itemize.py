@@ -82,7 +82,24 @@ class _Sizing:
     batch_bytes: int  # one micro-batch's input tensors
 
 
+@dataclass(frozen=True)
+class _Traced:
+    """What the model and one micro-batch decide, whatever the optimizer: the built meta
+    model (its parameters fake after the trace) and the traced bytes."""
+
+    model: nn.Module
+    weight_bytes: int
+    sharded_bytes: int
+    trace: TraceResult
+    units: per_device.Units
+    batch_bytes: int
+
+
 _SIZING_CACHE: dict[tuple, _Sizing] = {}
+# The trace reads no optimizer key (the optimizer's own bytes are its spec's moments), so
+# strategies that differ in the optimizer only share one trace: a plan's table traces
+# each model view once.
+_TRACE_CACHE: dict[tuple, _Traced] = {}
 
 
 def estimate(config: Config, device: str = "cuda",
@@ -167,12 +184,17 @@ def _units(model: nn.Module) -> per_device.Units:
     return per_device.Units(block, block_trainable, root, root_trainable)
 
 
+def _trace_key(config: Config, example_batch: ExampleBatch | None, device: str) -> tuple:
+    """What the built model and its trace read of the config."""
+    return (config.model, config.adapter, config.precision, config.memory,
+            config.train.micro_batch_size, token_shape(config), _batch_key(example_batch),
+            quantized_path(config, device) if config.adapter.kind is AdapterKind.QLORA
+            else None)
+
+
 def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> _Sizing:
-    key = (config.model, config.adapter, config.precision, config.memory,
-           config.train.micro_batch_size, token_shape(config), _batch_key(example_batch),
-           config.optimizer.name, config.optimizer.galore.modules,  # which params are projected
-           quantized_path(config, device) if config.adapter.kind is AdapterKind.QLORA
-           else None)
+    key = (*_trace_key(config, example_batch, device),
+           config.optimizer.name, config.optimizer.galore.modules)  # which params are projected
     if key not in _SIZING_CACHE:
         transformers_config = meta.hf_config(config)
         full_depth = None if transformers_config is None else meta.depth(transformers_config)
@@ -189,10 +211,20 @@ def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> 
 
 def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | None,
              device: str) -> _Sizing:
+    key = (*_trace_key(config, example_batch, device), layers)
+    if key not in _TRACE_CACHE:
+        _TRACE_CACHE[key] = _trace(config, layers, example_batch, device)
+    traced = _TRACE_CACHE[key]
+    return _Sizing(traced.weight_bytes, traced.sharded_bytes,
+                   costs.trainable_params(traced.model, config), traced.trace, traced.units,
+                   traced.batch_bytes)
+
+
+def _trace(config: Config, layers: int | None, example_batch: ExampleBatch | None,
+           device: str) -> _Traced:
     built = meta.build(config, layers, device)
     weights = costs.weight_bytes(built.model)
     sharded = sum(t.numel() * t.element_size() for t in _gathered(built.model))
-    params = costs.trainable_params(built.model, config)
     make_batch, loss_sum = workload(config, built, example_batch)
     with torch.device("meta"):
         batch_bytes = sum(tensor.numel() * tensor.element_size()
@@ -200,7 +232,7 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
     trace = trace_micro_batch(built.model, make_batch, loss_sum,
                               AUTOCAST_DTYPES.get(config.precision),
                               config.memory.activation_offload)
-    return _Sizing(weights, sharded, params, trace, _units(built.model), batch_bytes)
+    return _Traced(built.model, weights, sharded, trace, _units(built.model), batch_bytes)
 
 
 def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:

@@ -33,7 +33,7 @@ from memfit._utils.errors import ConfigError, MemfitError
 from memfit.config.schema import Config, Task
 from memfit.plan.context import context_length
 from memfit.plan.itemize import Estimate, estimate
-from memfit.plan.planner import long_sequence_techniques_ok, parse_budget
+from memfit.plan.planner import device_assumed, long_sequence_techniques_ok, parse_budget
 from memfit.plan.strategies import METHODS, Overrides, levels, strategies, with_overrides
 
 GIVEN = "config (as given)"
@@ -56,6 +56,7 @@ class LongestFit:
 
     def to_json(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "device": self.device,
+                "device_assumed": device_assumed(self.device),
                 "context": self.context, "max_length": self.max_length,
                 "strategy": self.strategy, "overrides": self.overrides,
                 "estimate": self.estimate.to_json() if self.estimate else None,

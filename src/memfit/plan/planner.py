@@ -64,6 +64,8 @@ class Plan:
     def to_json(self) -> dict[str, Any]:
         """The documented --json schema (docs/planner.md)."""
         return {
+            "device": self.device,
+            "device_assumed": device_assumed(self.device),
             "devices": self.devices,
             "config": {**self.config.to_json(), "distributed": self.config_distributed},
             "strategies": [{**s.estimate.to_json(), "name": s.name,
@@ -131,6 +133,18 @@ def plan(config: Config, budget: str | int | None = None, device: str = "cuda",
 
 NO_BUDGET = ("no budget given and no GPU here to take it from: every strategy's bytes, "
              "but what fits and which to use need a budget")
+
+
+def device_assumed(device: str) -> bool:
+    """True when the plan is for a device this machine does not have (cuda, no GPU)."""
+    return device == "cuda" and not torch.cuda.is_available()
+
+
+def device_label(device: str) -> str:
+    """The device a plan is for, as its header names it."""
+    if device_assumed(device):
+        return f"{device} (assumed: no GPU here; --device cpu to plan for this machine)"
+    return device
 
 
 def default_budget(device: str) -> int | None:
@@ -326,21 +340,33 @@ def as_config(config: Config | dict[str, Any] | str | Path) -> Config:
     return load_plan_config(None, [], base=config)
 
 
+MODEL_SOURCES = ("path", "preset", "factory")
+
+
 def load_plan_config(path: str | Path | None, overrides: list[str],
                      base: dict[str, Any] | None = None) -> Config:
     """YAML + key=value overrides -> Config, checked for what planning needs only (a model
-    source); data.path and not-yet-trainable keys (qlora, galore, ...) may be planned."""
+    source); data.path and not-yet-trainable keys (qlora, galore, ...) may be planned.
+    Without a file, a base or an override naming the model, the built-in demo is the base,
+    as for ``memfit train``."""
     from memfit.config import load
+    from memfit.demo.defaults import demo_config_path
 
+    given = load.parse_overrides(overrides)
+    model = given.get("model")
+    names_model = isinstance(model, dict) and any(model.get(key) is not None
+                                                  for key in MODEL_SOURCES)
+    if path is None and base is None and not names_model:
+        base = load.read_yaml(demo_config_path())
     raw = dict(base or {})
     if path is not None:
         raw = load.merge(raw, load.read_yaml(path))
     # load.build_unvalidated converts and type-checks every key but skips config.validate, whose
     # not-yet-supported list would refuse keys the planner must still plan.
-    config = load.build_unvalidated(Config, load.merge(raw, load.parse_overrides(overrides)))
+    config = load.build_unvalidated(Config, load.merge(raw, given))
     check_int_limits(config)  # a plan of 10**23 examples per micro-batch would never end
     check_control_characters(config)
-    sources = [key for key in ("path", "preset", "factory") if getattr(config.model, key)]
+    sources = [key for key in MODEL_SOURCES if getattr(config.model, key)]
     if len(sources) != 1:
         raise ConfigError("set exactly one of model.path, model.preset, model.factory "
                           f"(got {', '.join('model.' + s for s in sources) or 'none'})")

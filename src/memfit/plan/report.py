@@ -9,7 +9,7 @@ from memfit.config.choices import TOKEN_FORMATS
 from memfit.config.schema import Config, DataFormat
 from memfit.plan.itemize import Estimate
 from memfit.plan.longest import MIN_LENGTH, LongestFit
-from memfit.plan.planner import Plan
+from memfit.plan.planner import Plan, device_label
 
 _COLUMNS = (*CATEGORIES, "peak", "+overhead", "host")
 
@@ -40,8 +40,8 @@ def format_plan(result: Plan, config: Config) -> str:
     budget = result.budget_bytes
     lines = [f"memfit plan: {model}, micro-batch {_micro_batch(config)}, "
              f"{config.train.gradient_accumulation_steps} accumulation steps, "
-             f"{'no budget' if budget is None else 'budget ' + format_bytes(budget)} "
-             f"({result.device}){devices}", ""]
+             f"{'no budget' if budget is None else 'budget ' + format_bytes(budget)}, "
+             f"for {device_label(result.device)}{devices}", ""]
     # Without a budget there is nothing to fit: no "fits" column.
     fits = [] if budget is None else ["fits"]
     header = ["strategy", *_COLUMNS, *fits, "peak at"]
@@ -86,7 +86,8 @@ def format_plan(result: Plan, config: Config) -> str:
 def format_longest(result: LongestFit, config: Config) -> str:
     model = config.model.preset or config.model.path
     head = (f"memfit plan --max-length: {model}, micro-batch {config.train.micro_batch_size}, "
-            f"budget {format_bytes(result.budget_bytes)} ({result.device}), context "
+            f"budget {format_bytes(result.budget_bytes)}, for {device_label(result.device)}, "
+            "context "
             f"{result.context} tokens")
     if result.max_length is None:
         return (f"{head}\nno strategy fits {format_bytes(result.budget_bytes)} at "

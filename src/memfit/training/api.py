@@ -340,6 +340,15 @@ def _host_peak(records: list[dict[str, Any]], result) -> int | None:
     return max(found, default=None)
 
 
+def _throughput(item: str, state: TrainerState) -> dict[str, int | float]:
+    """The whole run's tokens fed to the model (``tokens``, padding excluded; token data
+    only) and loss items (``loss_tokens`` or ``examples``), each with its rate."""
+    seconds = max(state.elapsed_seconds, 1e-9)
+    counts = {"tokens": state.input_tokens} if state.input_tokens else {}
+    counts[item] = state.tokens
+    return {**counts, **{f"{name}_per_second": count / seconds for name, count in counts.items()}}
+
+
 def _summary(run: Run, result, run_dir: Path, exported: Path,
              records: list[dict[str, Any]]) -> dict[str, Any]:
     """The whole run from step 0, over every resumed segment (from metrics.jsonl)."""
@@ -353,7 +362,7 @@ def _summary(run: Run, result, run_dir: Path, exported: Path,
         "final_loss": losses[-1] if losses else None,
         "eval_loss_before": evals.get(0),
         "eval_loss_after": evals[max(evals)] if evals else None,
-        run.objective.item_name: state.tokens,
+        **_throughput(run.objective.item_name, state),
         "train_seconds": state.elapsed_seconds,
         "skipped_steps": sum(1 for r in records if r.get("skipped")),
         "trainable_parameters": sum(p.numel() for p in run.trainable_parameters),

@@ -138,15 +138,18 @@ def _host_bytes(run: Run) -> dict[str, int]:
     return found
 
 
-def _padding(micro_batches: list[dict[str, torch.Tensor]]) -> dict[str, int | float]:
-    """The tokens a step fed the model (``input_tokens``, prompts too, over all ranks) and
-    the share of its (batch x longest) positions that were padding; {} without tokens."""
+def _input_tokens(micro_batches: list[dict[str, torch.Tensor]], seconds: float
+                  ) -> dict[str, int | float]:
+    """The tokens a step fed the model (``tokens``: prompts too, padding not, over all
+    ranks; what other tools' tokens per second count), their rate, and the share of the
+    (batch x longest) positions that were padding; {} without tokens."""
     counts = [count_positions(batch) for batch in micro_batches]
     tokens = distributed.all_reduce_sum(sum(tokens for tokens, _ in counts))
     positions = distributed.all_reduce_sum(sum(positions for _, positions in counts))
     if not positions:
         return {}
-    return {"input_tokens": tokens, "padding_fraction": 1 - tokens / positions}
+    return {"tokens": tokens, "tokens_per_second": tokens / seconds,
+            "padding_fraction": 1 - tokens / positions}
 
 
 def _release_failed_attempt(run: Run) -> None:
@@ -260,10 +263,12 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
         state.elapsed_seconds += seconds
         if verdict is Verdict.APPLY:
             result.losses[step] = step_loss
-        item = run.objective.item_name  # tokens, or examples for data without tokens
+        item = run.objective.item_name  # loss_tokens, or examples
         record = {"step": step, "loss": step_loss, "lr": lr, "grad_norm": grad_norm,
-                  item: items, f"{item}_per_second": items / seconds,
-                  "step_seconds": seconds, "epoch": stream.epoch}
+                  **_input_tokens(micro_batches, seconds), item: items,
+                  f"{item}_per_second": items / seconds, "step_seconds": seconds,
+                  "epoch": stream.epoch}
+        state.input_tokens += record.get("tokens", 0)
         if guard.skipping:
             record.update(skipped=verdict is Verdict.SKIP, skipped_steps=guard.skipped_steps)
         if meter.last_step is not None:
@@ -272,7 +277,6 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
             if result.peak is None or meter.last_step.peak_bytes > result.peak.peak_bytes:
                 result.peak, result.peak_step = meter.last_step, step
         record.update(_host_bytes(run))
-        record.update(_padding(micro_batches))
         if run.replicas is not None:  # this rank's; every rank reduces the same bytes
             record["allreduce_bytes"] = run.replicas.reduced_bytes.take()
         # A skipped or diverged step is logged whatever log.every: it explains the outcome.

@@ -25,8 +25,9 @@ class Objective(TrainingLoss):
 
     @property
     def item_name(self) -> str:
-        """What ``count`` counts, as metrics and the summary name it."""
-        return "tokens" if self.causal_lm else "examples"
+        """What ``count`` counts, as metrics and the summary name it: the tokens the loss
+        averages over (``tokens`` is what the model was fed), or examples."""
+        return "loss_tokens" if self.causal_lm else "examples"
 
     def count(self, batch: dict[str, torch.Tensor]) -> int:
         return count_loss_tokens(batch) if self.causal_lm else example_count(batch)

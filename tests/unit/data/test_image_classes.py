@@ -120,7 +120,8 @@ def test_eval_fraction_splits_the_images_and_eval_path_has_the_same_layout(tmp_p
     ("eval class train lacks", ["data.eval_path", "class folder 'c' is not one of the classes "
                                 "the model trains on (a, b"]),
     ("one class", ["the training data has one class ('a' in all 2 images)"]),
-    ("npz without labels", ["holds arrays ['images']", "needs 'images' (N, H, W[, C]) and "
+    ("npz without labels", ["holds arrays ['images']", "needs 'images' (N, H, W), (N, H, W, C) "
+                            "or (N, C, H, W) and "
                             "'labels' (N,)"]),
     ("npz float labels", ["'labels' has dtype float64; labels are integers (class ids) or "
                           "strings (class names)"]),

@@ -30,7 +30,8 @@ def test_png_files_of_each_mode_become_unit_range_tensors(tmp_path):
     images = read_images(str(tmp_path), settings(), seed=0)["images"]
     assert images.shape == (3, 1, 8, 8) and images.dtype == torch.float32
     torch.testing.assert_close(images[0, 0], torch.from_numpy(gray / 255).float())
-    torch.testing.assert_close(images[1], torch.full((1, 8, 8), 0.299))  # BT.601 luma of red
+    # Pillow's L of pure red: 255 * 299 / 1000 rounded, ITU-R 601-2 luma in 8 bits.
+    torch.testing.assert_close(images[1], torch.full((1, 8, 8), 76 / 255))
     torch.testing.assert_close(images[2, 0], torch.from_numpy(deep / 65535).float())
     as_rgb = read_images(str(tmp_path / "a_gray.png"), settings(channels=3), seed=0)["images"]
     assert as_rgb.shape == (1, 3, 8, 8) and torch.equal(as_rgb[0, 0], as_rgb[0, 2])
@@ -41,10 +42,10 @@ def test_arrays_in_unit_range_are_used_as_they_are_and_others_rescaled(tmp_path)
     np.save(tmp_path / "stack.npy", phantoms)
     loaded = read_images(str(tmp_path / "stack.npy"), settings(), seed=0)["images"]
     assert torch.equal(loaded[:, 0], torch.from_numpy(phantoms))
-    scaled = (np.arange(16, dtype=np.float32).reshape(4, 4) * 10 - 30)[None]  # -30 .. 120
-    np.savez(tmp_path / "scaled.npz", first=scaled, second=scaled[0, :, :, None])
+    scaled = np.arange(16, dtype=np.float32).reshape(4, 4) * 10 - 30  # -30 .. 120
+    np.savez(tmp_path / "scaled.npz", first=scaled, second=scaled[:, :, None])
     both = read_images(str(tmp_path / "scaled.npz"), settings(), seed=0)["images"]
-    expected = torch.from_numpy((scaled[0] + 30) / 150)
+    expected = torch.from_numpy((scaled + 30) / 150)
     assert both.shape == (2, 1, 4, 4)
     torch.testing.assert_close(both[0, 0], expected)
     torch.testing.assert_close(both[1, 0], expected)
@@ -140,7 +141,7 @@ def test_bad_inputs_are_one_line_data_errors(tmp_path):
                                         "data.images.size"):
         read_images(str(tmp_path), settings(), seed=0)
     np.save(tmp_path / "b.npy", np.zeros((2, 2, 8, 8), dtype=np.float32))
-    with pytest.raises(DataError, match=r"shape \(2, 2, 8, 8\); need \(H, W\)"):
+    with pytest.raises(DataError, match=r"shape \(2, 2, 8, 8\); need a stack \(N, H, W\)"):
         read_images(str(tmp_path), settings(), seed=0)
     (tmp_path / "b.npy").write_bytes(b"not numpy")
     with pytest.raises(DataError, match="cannot read image file .*b.npy"):

@@ -54,8 +54,9 @@ def test_json_schema_is_the_documented_one_and_the_table_marks_the_choice():
     assert "full-adamw  " in format_plan(planned, config)
     assert "yes <- recommended" in format_plan(planned, config)
     result = planned.to_json()
-    assert set(result) == {"devices", "config", "strategies", "skipped", "recommended",
-                           "reason"}
+    assert set(result) == {"device", "device_assumed", "devices", "config", "strategies",
+                           "skipped", "recommended", "reason"}
+    assert result["device"] == "cpu" and result["device_assumed"] is False
     estimate_keys = {"bytes", "peak_tensor_bytes", "device_overhead_bytes", "host_bytes",
                      "peak_moment"}
     assert set(result["config"]) == estimate_keys | {"distributed"}
