@@ -2,7 +2,8 @@
 
 PATH is a run folder of ``memfit train`` (its result: adapters merged into the rebuilt
 base in memory, or the full fine-tune's ``model/``; training/trained_model.py) or a model
-folder (``memfit merge --out``'s, or any local Hugging Face causal LM). The prompt is laid
+folder (``memfit merge --out``'s, or any local Hugging Face causal LM, or a GGUF file as
+model.path takes one). The prompt is laid
 out as the run's data.format lays out a prompt (data/prompts.py: chat -> the tokenizer's
 chat template, instruction -> ``prompt\\n``, text -> continued as it is); a model folder
 has no data.format, so it gets the chat template when its tokenizer has one, else plain
@@ -34,6 +35,7 @@ from memfit.config.limits import MAX_TOKENS
 from memfit.config.schema import DataFormat, ModelConfig, Task
 from memfit.data.prompts import PROMPT_FORMATS, prompt_ids
 from memfit.models.generation import Decoding, answer_text, generate_ids
+from memfit.models.gguf import gguf_file
 from memfit.models.load import load_model
 from memfit.training.run_folder import MARKER_FILE
 from memfit.training.trained_model import run_config, trained_model
@@ -68,7 +70,7 @@ def open_answerer(path: str | Path, trust_code: bool = False,
     chosen = _format_option(data_format)
     if (path / "config.yaml").is_file() or (path / MARKER_FILE).exists():
         model, tokenizer, run_format = _from_run(path, trust_code)
-    elif (path / "config.json").is_file():
+    elif (path / "config.json").is_file() or gguf_file(path) is not None:
         model, tokenizer = _from_model_folder(path)
         run_format = DataFormat.CHAT if tokenizer.chat_template else DataFormat.TEXT
     elif (path / "model.safetensors").is_file():

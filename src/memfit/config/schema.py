@@ -50,7 +50,9 @@ def doc(text: str, limits: tuple[int, int] | None = None, **kwargs):
 class ModelConfig:
     path: str | None = doc(
         "Local Hugging Face model folder (config.json + weights); the Auto class is chosen "
-        "by model.task. One of model.path / model.preset / model.factory.",
+        "by model.task. Or a .gguf file (or a folder holding one and no weights): a causal "
+        "LM, dequantized into model.dtype. One of model.path / model.preset / "
+        "model.factory.",
         default=None,
     )
     preset: str | None = doc(

@@ -31,7 +31,7 @@ def check_folder_exists(folder: Path) -> None:
         return
     if folder.exists():
         raise ModelError(f"model.path={folder} is a file; a Hugging Face model folder (with "
-                         "config.json) is needed")
+                         "config.json) or a .gguf file is needed")
     hub_id = "/".join(folder.parts[-2:])
     if _HUB_ID.fullmatch(hub_id):
         raise ModelError(f"model.path={folder}: no such folder; models are local folders "

@@ -1,7 +1,8 @@
 """Turn ``model.*`` into a model and (for language models) its tokenizer.
 
-Three sources: a local Hugging Face folder (the Auto class chosen by ``model.task``), a
-built-in preset, or a user factory ``"package.module:function"`` returning an nn.Module.
+Three sources: a local Hugging Face folder (the Auto class chosen by ``model.task``) or a
+GGUF file (models/gguf.py), a built-in preset, or a user factory
+``"package.module:function"`` returning an nn.Module.
 An image classifier (models/image_classifier.py) is built with ``model.labels`` as its
 classes too, and shaped by data.images.
 A sequence classifier is loaded with ``model.labels`` as its classes (a new head of that
@@ -27,6 +28,7 @@ from memfit._utils.errors import MemfitWarning, ModelError, first_line
 from memfit.config.schema import ImagesConfig, ModelConfig, ModelDtype, Task
 from memfit.models.classifier import head_names, label_arguments
 from memfit.models.folder_checks import check_config_json, check_weight_files
+from memfit.models.gguf import gguf_config, gguf_file, gguf_tokenizer, load_gguf_model
 from memfit.models.image_classifier import (
     CLASSIFIER_PRESETS,
     check_image_config,
@@ -56,6 +58,8 @@ def load_model(config: ModelConfig, quantization_config: Any | None = None,
     Hugging Face folder (built models are quantized afterwards by techniques.quantize).
     ``images``: data.images, whose channels and size shape the image presets."""
     dtype = TORCH_DTYPES[config.dtype]
+    if config.path and (file := gguf_file(Path(config.path))) is not None:
+        return _from_gguf(file, config.task, dtype, quantization_config)
     if config.path and config.task is Task.IMAGE_CLASSIFICATION:
         return _image_classifier_folder(Path(config.path), dtype, quantization_config,
                                         config.labels, images or ImagesConfig())
@@ -108,6 +112,34 @@ def _auto_class(task: Task):
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
+def path_config(path: Path) -> Any:
+    """The transformers config ``model.path`` describes (its config.json, or a GGUF file's
+    metadata), without reading weights."""
+    from transformers import AutoConfig
+
+    file = gguf_file(path)
+    if file is not None:
+        return gguf_config(file)
+    check_config_json(path)
+    return AutoConfig.from_pretrained(path)
+
+
+def _from_gguf(file: Path, task: Task, dtype: torch.dtype,
+               quantization_config: Any | None) -> LoadedModel:
+    """A causal LM from a GGUF file, dequantized into ``dtype``; a 4-bit base is quantized
+    after loading, as a preset's is (techniques.quantize): transformers does not combine
+    GGUF with bitsandbytes."""
+    if task is not Task.CAUSAL_LM:
+        raise ModelError(f"model.path={file} is a GGUF file, which memfit loads as a language "
+                         f"model (model.task=causal-lm), not model.task={task}")
+    if quantization_config is not None:
+        raise ModelError(f"model.path={file}: a GGUF file cannot be quantized while loading; "
+                         "QLoRA quantizes it after (techniques.quantize)")
+    model = load_gguf_model(file, _auto_class(task), dtype)
+    tokenizer, _ = _checked_tokenizer(file, model.config.vocab_size)
+    return LoadedModel(model, tokenizer, is_transformers=True)
+
+
 def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
                  quantization_config: Any | None = None, labels: tuple[str, ...] = ()
                  ) -> LoadedModel:
@@ -131,12 +163,7 @@ def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
         raise ModelError(f"model.path={folder}: a .bin weights file holds Python objects "
                          "besides tensors, which memfit never unpickles (they could run "
                          "code); use the model's safetensors weights") from None
-    tokenizer, fallback = _folder_tokenizer(folder)
-    if fallback and model.config.vocab_size < len(tokenizer):
-        raise ModelError(
-            f"model.path={folder} has no tokenizer files and its vocabulary "
-            f"({model.config.vocab_size}) is too small for the byte-level fallback"
-        ) from None
+    tokenizer, _ = _checked_tokenizer(folder, model.config.vocab_size)
     if classifies and model.config.pad_token_id is None:
         # Decoder classifiers (Llama, GPT-2) read the logits at the last token that is not
         # padding, and refuse batches without knowing which token pads.
@@ -253,8 +280,10 @@ def load_tokenizer(config: ModelConfig) -> Any | None:
     if config.path and config.task is Task.IMAGE_CLASSIFICATION:
         return None
     if config.path:
-        check_config_json(Path(config.path))
-        return _folder_tokenizer(Path(config.path))[0]
+        file = gguf_file(Path(config.path))
+        if file is None:
+            check_config_json(Path(config.path))
+        return _path_tokenizer(file or Path(config.path))[0]
     if config.preset == DEMO_BASE:
         from memfit.demo import demo_assets_dir
 
@@ -263,6 +292,30 @@ def load_tokenizer(config: ModelConfig) -> Any | None:
                                                          Task.IMAGE_CLASSIFICATION):
         return byte_level_tokenizer()
     return None
+
+
+def _checked_tokenizer(path: Path, vocab_size: int) -> tuple[Any, bool]:
+    """``_path_tokenizer``, refusing a byte-level fallback the model's vocabulary cannot
+    hold."""
+    tokenizer, fallback = _path_tokenizer(path)
+    if fallback and vocab_size < len(tokenizer):
+        what = "no tokenizer metadata" if gguf_file(path) else "no tokenizer files"
+        raise ModelError(f"model.path={path} has {what} and its vocabulary ({vocab_size}) is "
+                         "too small for the byte-level fallback")
+    return tokenizer, fallback
+
+
+def _path_tokenizer(path: Path) -> tuple[Any, bool]:
+    """``_folder_tokenizer`` of a folder, or a GGUF file's own tokenizer (the byte-level
+    fallback when it has no vocabulary)."""
+    file = gguf_file(path)
+    if file is None:
+        return _folder_tokenizer(path)
+    tokenizer = gguf_tokenizer(file)
+    fallback = tokenizer is None
+    tokenizer = byte_level_tokenizer() if fallback else tokenizer
+    _ensure_pad_token(tokenizer)
+    return tokenizer, fallback
 
 
 def _folder_tokenizer(folder: Path) -> tuple[Any, bool]:

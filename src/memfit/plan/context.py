@@ -4,11 +4,8 @@ planned and trained as if they were meaningful."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import Config
-from memfit.models.folder_checks import check_config_json
 from memfit.plan import meta
 
 # Where transformers configs keep the longest sequence the model was built for (GPT-2's
@@ -19,8 +16,6 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length",
 def context_length(config: Config) -> tuple[str, int] | None:
     """(the config key it is read from, its value) for model.path / model.preset models;
     None for factories and configs that name no context length."""
-    if config.model.path:
-        check_config_json(Path(config.model.path))
     transformers_config = meta.hf_config(config)
     if transformers_config is None:
         return None

@@ -1,6 +1,7 @@
 """The model of a Config on the ``meta`` device, with the config's techniques applied.
 
-Built from the same sources as training (an HF ``config.json``, a preset, a factory) and
+Built from the same sources as training (an HF ``config.json`` or a GGUF file's metadata,
+a preset, a factory) and
 through the same technique list (``techniques.registry``: checkpointing, LoRA, frozen
 weights in the compute dtype, each technique's planner view), so parameter shapes, dtypes
 and which ones train are the real ones; nothing is allocated. A 4-bit base cannot be
@@ -35,9 +36,8 @@ from memfit._utils.errors import ModelError
 from memfit.config.choices import CLASSIFYING_TASKS
 from memfit.config.schema import Config, Task
 from memfit.models.classifier import label_arguments, with_classes
-from memfit.models.folder_checks import check_config_json
 from memfit.models.image_classifier import CLASSIFIER_PRESETS
-from memfit.models.load import build_image_preset, import_object
+from memfit.models.load import build_image_preset, import_object, path_config
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
 from memfit.plan.pretrained_on_meta import from_pretrained_on_meta
 from memfit.techniques import registry
@@ -68,9 +68,7 @@ def hf_config(config: Config):
                              f"{', '.join(preset_names())}")
         return PRESETS[model.preset]()
     if model.path:
-        folder = Path(model.path)
-        check_config_json(folder)
-        return AutoConfig.from_pretrained(folder)
+        return path_config(Path(model.path))
     return None
 
 

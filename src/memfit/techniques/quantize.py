@@ -16,11 +16,14 @@ exact, and trainable ones need real weights).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 from torch import nn
 
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import AdapterConfig, BaseQuantization, Config, Precision
+from memfit.models.gguf import gguf_file
 from memfit.models.presets import DEMO_BASE
 
 COMPUTE_DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16,
@@ -36,9 +39,12 @@ def compute_dtype(precision: Precision) -> torch.dtype:
 
 def quantized_while_loading(config: Config) -> bool:
     """Hugging Face folders (model.path, the demo base) are quantized by transformers while
-    loading (``bnb_config``); built models (presets, factories) after, by
+    loading (``bnb_config``); built models (presets, factories) and GGUF files (which
+    transformers dequantizes, and will not combine with bitsandbytes) after, by
     ``quantize_linears``."""
-    return bool(config.model.path) or config.model.preset == DEMO_BASE
+    if config.model.path:
+        return gguf_file(Path(config.model.path)) is None
+    return config.model.preset == DEMO_BASE
 
 
 def bnb_config(config: AdapterConfig, precision: Precision, skip_modules: list[str]):
