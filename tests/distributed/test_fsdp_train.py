@@ -1,5 +1,8 @@
 """FSDP2 on 2 gloo processes equals one process on the same global batch; its sharded
-checkpoints resume on 2 processes and on 1; ``memfit merge`` consolidates them."""
+checkpoints resume on 2 processes and on 1; ``memfit merge`` consolidates them.
+
+The 2-process runs are the real CLI (``memfit train --nproc 2``); the 1-process runs and
+the merge run in this process, as ``memfit train`` and ``memfit merge`` run them."""
 
 from __future__ import annotations
 
@@ -11,7 +14,10 @@ import torch
 from dist_helpers import memfit, run_config, write_text_rows
 from safetensors.torch import load_file
 
+from memfit.merge import merge_run
 from memfit.monitor.metrics import losses_by_step, read_metrics
+from memfit.techniques.config_checks import load_config
+from memfit.training.api import train
 
 pytestmark = pytest.mark.slow
 
@@ -22,9 +28,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     and 2 processes with micro-batch 2 each (the same 8 examples per step)."""
     root = tmp_path_factory.mktemp("fsdp")
     data = write_text_rows(root / "rows.jsonl")
-    single = memfit("train", str(run_config(root, "single", data,
-                                            train={"micro_batch_size": 4})), cwd=root)
-    assert single.returncode == 0, single.stderr
+    train(run_config(root, "single", data, train={"micro_batch_size": 4}))
     sharded = memfit("train", str(run_config(root, "sharded", data,
                                              train={"micro_batch_size": 2},
                                              distributed={"strategy": "fsdp"})),
@@ -82,27 +86,28 @@ def test_resume_on_two_processes_matches_uninterrupted(runs: Path):
     _assert_same_run(resumed, runs / "sharded", [3, 4])
 
 
+def _resume_here(resumed: Path, *overrides: str) -> None:
+    """``memfit train --resume RESUMED OVERRIDES...``, in this process."""
+    train(load_config(resumed / "config.yaml", list(overrides)), resume=resumed)
+
+
 def test_resume_on_one_process_from_a_two_process_checkpoint(runs: Path):
     resumed = _interrupted_copy(runs, "resumed-1")
     # One process reads the same 8 examples per step with a micro-batch of 4.
-    result = memfit("train", "--resume", str(resumed), "distributed.nproc=1",
-                    "train.micro_batch_size=4", cwd=runs)
-    assert result.returncode == 0, result.stderr
+    _resume_here(resumed, "distributed.nproc=1", "train.micro_batch_size=4")
     _assert_same_run(resumed, runs / "sharded", [3, 4])
 
 
 def test_resume_without_fsdp_from_a_two_process_checkpoint(runs: Path):
     """DCP reshards the checkpoint into one unsharded model (distributed.strategy=none)."""
     resumed = _interrupted_copy(runs, "resumed-plain")
-    result = memfit("train", "--resume", str(resumed), "distributed.strategy=none",
-                    "distributed.nproc=1", "train.micro_batch_size=4", cwd=runs)
-    assert result.returncode == 0, result.stderr
+    _resume_here(resumed, "distributed.strategy=none", "distributed.nproc=1",
+                 "train.micro_batch_size=4")
     _assert_same_run(resumed, runs / "sharded", [3, 4])
 
 
 def test_merge_consolidates_the_newest_sharded_checkpoint(runs: Path):
-    result = memfit("merge", str(runs / "sharded"), "--out", str(runs / "merged"), cwd=runs)
-    assert result.returncode == 0, result.stderr
+    merge_run(runs / "sharded", runs / "merged")
     merged = load_file(runs / "merged" / "model.safetensors")
     exported = load_file(runs / "sharded" / "model" / "model.safetensors")
     assert set(merged) <= set(exported)

@@ -1,0 +1,21 @@
+"""For the whole suite: one compute thread per process.
+
+The README's test command runs 2 pytest-xdist workers on 2 cores, and many tests start
+`memfit` subprocesses or 2-process torchrun jobs beside them. With torch's default (one
+OpenMP thread per core) every process spins threads over cores the others hold: measured
+on 2 cores, tests/unit/plan/test_long_context.py, tests/regression/test_pinned_losses.py
+and tests/unit/techniques/test_tiled_mlp.py took 177.7 s with 2 threads and 53.3 s with 1
+(beside other work), with the same results. Set before torch is imported, so the
+subprocesses the tests start inherit it; a value the caller exported is kept.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+import torch  # noqa: E402 -- after the thread count above
+
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
