@@ -15,6 +15,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from memfit._utils.broken_imports import diagnose as broken_library
 from memfit._utils.errors import (
     ConfigError,
     MemfitError,
@@ -460,10 +461,16 @@ def _run(args: argparse.Namespace) -> int:
         _say("memfit: error: " + str(error).replace("\r", "\\r").replace("\n", "\\n"))
         return error.exit_code
     except Exception as error:
-        if args.debug or not is_disk_full(error):
+        if args.debug:
             raise
-        _say("memfit: error: the disk is full (no space left on device); free some space, or "
-             "move the run folder to another disk, then resume it")
+        if is_disk_full(error):
+            _say("memfit: error: the disk is full (no space left on device); free some space, "
+                 "or move the run folder to another disk, then resume it")
+            return 2
+        broken = broken_library(error)  # an installed library that fails to import
+        if broken is None:
+            raise
+        _say(f"memfit: error: {broken}")
         return 2
     except KeyboardInterrupt:
         _say("memfit: interrupted")
