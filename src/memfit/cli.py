@@ -26,6 +26,8 @@ from memfit._utils.errors import (
 from memfit._utils.sizes import format_bytes
 
 DESCRIPTION = "Fine-tune PyTorch models inside the GPU memory you actually have."
+DISK_FULL = ("the disk is full (no space left on device); free some space, or move the run "
+             "folder to another disk, then resume it")
 
 
 def _split_arguments(arguments: list[str]) -> tuple[str | None, list[str]]:
@@ -463,14 +465,11 @@ def _run(args: argparse.Namespace) -> int:
     except Exception as error:
         if args.debug:
             raise
-        if is_disk_full(error):
-            _say("memfit: error: the disk is full (no space left on device); free some space, "
-                 "or move the run folder to another disk, then resume it")
-            return 2
-        broken = broken_library(error)  # an installed library that fails to import
-        if broken is None:
+        # The disk running out, or an installed library that fails to import: one line.
+        line = DISK_FULL if is_disk_full(error) else broken_library(error)
+        if line is None:
             raise
-        _say(f"memfit: error: {broken}")
+        _say(f"memfit: error: {line}")
         return 2
     except KeyboardInterrupt:
         _say("memfit: interrupted")
