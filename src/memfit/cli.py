@@ -15,6 +15,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from memfit._utils.broken_imports import diagnose as broken_library
 from memfit._utils.errors import (
     ConfigError,
     MemfitError,
@@ -25,6 +26,8 @@ from memfit._utils.errors import (
 from memfit._utils.sizes import format_bytes
 
 DESCRIPTION = "Fine-tune PyTorch models inside the GPU memory you actually have."
+DISK_FULL = ("the disk is full (no space left on device); free some space, or move the run "
+             "folder to another disk, then resume it")
 
 
 def _split_arguments(arguments: list[str]) -> tuple[str | None, list[str]]:
@@ -468,10 +471,13 @@ def _run(args: argparse.Namespace) -> int:
         _say("memfit: error: " + str(error).replace("\r", "\\r").replace("\n", "\\n"))
         return error.exit_code
     except Exception as error:
-        if args.debug or not is_disk_full(error):
+        if args.debug:
             raise
-        _say("memfit: error: the disk is full (no space left on device); free some space, or "
-             "move the run folder to another disk, then resume it")
+        # The disk running out, or an installed library that fails to import: one line.
+        line = DISK_FULL if is_disk_full(error) else broken_library(error)
+        if line is None:
+            raise
+        _say(f"memfit: error: {line}")
         return 2
     except KeyboardInterrupt:
         _say("memfit: interrupted")

@@ -8,6 +8,7 @@ there is a closed set, the valid choices. Everything else is a bug and keeps its
 from __future__ import annotations
 
 import errno
+from collections.abc import Iterator
 
 
 class MemfitWarning(UserWarning):
@@ -53,18 +54,22 @@ class TrainingDiverged(MemfitError):
     exit_code = 3
 
 
+def exception_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error`` and every exception it was raised from or while handling, outermost first."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
 def is_disk_full(error: BaseException) -> bool:
     """True when ``error`` (or an exception it was raised from) is the disk running out of
     space. torch.save reports it as a RuntimeError whose context is the OSError, and
     safetensors in the message of its own error type ("os error 28")."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        if "No space left on device" in str(seen):
-            return True
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return any((isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT))
+               or "No space left on device" in str(seen) for seen in exception_chain(error))
 
 
 def first_line(error: BaseException, limit: int = 200) -> str:

@@ -24,6 +24,7 @@ import torch
 from safetensors import SafetensorError
 from torch import nn
 
+from memfit._utils.broken_imports import diagnose
 from memfit._utils.errors import MemfitWarning, ModelError, first_line
 from memfit.config.schema import ImagesConfig, ModelConfig, ModelDtype, Task
 from memfit.models.classifier import head_names, label_arguments
@@ -83,7 +84,10 @@ def import_object(reference: str, key: str) -> Any:
         module = (_import_file(Path(module_name)) if module_name.endswith(".py")
                   else importlib.import_module(module_name))
     except Exception as error:  # noqa: BLE001 -- import-time failures are the user module's
-        raise ModelError(f"{key}={reference!r}: cannot import {module_name!r} ({error})") from None
+        broken = diagnose(error)  # unless an installed library it imports is broken
+        raise ModelError(f"{key}={reference!r}: cannot import {module_name!r}: {broken}"
+                         if broken else
+                         f"{key}={reference!r}: cannot import {module_name!r} ({error})") from None
     if not hasattr(module, attribute):
         raise ModelError(f"{key}={reference!r}: module {module_name!r} has no {attribute!r}")
     return getattr(module, attribute)

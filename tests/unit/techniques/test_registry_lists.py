@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from memfit.environment import describe
+from memfit.environment import describe_here
 from memfit.techniques.docs_table import technique_table
 from memfit.techniques.optimizers import SPECS
 from memfit.techniques.optimizers.docs_table import optimizer_table
@@ -45,7 +45,7 @@ def test_readme_technique_table_is_generated_from_the_registry() -> None:
 
 
 def test_memfit_env_lists_every_registered_optimizer() -> None:
-    rows = dict(describe())
+    rows = dict(describe_here())
     assert rows["optimizers"].startswith(", ".join(SPECS) + ", ")
 
 
