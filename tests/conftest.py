@@ -3,9 +3,10 @@
 The README's test command runs 2 pytest-xdist workers on 2 cores, and many tests start
 `memfit` subprocesses or 2-process torchrun jobs beside them. With torch's default (one
 OpenMP thread per core) every process spins threads over cores the others hold: measured
-on 2 cores, tests/unit/plan/test_long_context.py, tests/regression/test_pinned_losses.py
-and tests/unit/techniques/test_tiled_mlp.py took 177.7 s with 2 threads and 53.3 s with 1
-(beside other work), with the same results. Set before torch is imported, so the
+on 2 otherwise idle cores, `python -m pytest -n 2 --dist loadfile` of
+tests/regression/test_pinned_losses.py, tests/unit/techniques/test_tiled_mlp.py and
+tests/unit/plan/test_long_context.py took 230.1 s with 2 threads per process and 27.5 s
+with 1, with the same results (the pinned losses hold in both). Set before torch is imported, so the
 subprocesses the tests start inherit it; a value the caller exported is kept.
 """
 
