@@ -6,8 +6,9 @@ OpenMP thread per core) every process spins threads over cores the others hold: 
 on 2 otherwise idle cores, `python -m pytest -n 2 --dist loadfile` of
 tests/regression/test_pinned_losses.py, tests/unit/techniques/test_tiled_mlp.py and
 tests/unit/plan/test_long_context.py took 230.1 s with 2 threads per process and 27.5 s
-with 1, with the same results (the pinned losses hold in both). Set before torch is imported, so the
-subprocesses the tests start inherit it; a value the caller exported is kept.
+with 1, with the same results (the pinned losses hold in both). Set before torch is
+imported, so the subprocesses the tests start inherit it; a value the caller exported is
+kept.
 """
 
 from __future__ import annotations
