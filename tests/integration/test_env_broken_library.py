@@ -6,7 +6,11 @@ and exit 2, with no traceback.
 
 The torchvision here is a real package on PYTHONPATH with its dist-info, whose import fails
 as the real one's does: its ``_meta_registrations`` registers a fake kernel for an operator
-its (missing) compiled library would have defined, and torch.library raises."""
+its (missing) compiled library would have defined, and torch.library raises.
+
+Why these cases take 5-9 s each: every one is a fresh `memfit` interpreter with the broken
+package first on its path (what a user's shell is), and `memfit env` imports each library
+again in a child of its own."""
 
 from __future__ import annotations
 
