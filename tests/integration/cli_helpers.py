@@ -79,7 +79,9 @@ def tiny_run_arguments(data: Path, output_dir: Path, *extra: str) -> list[str]:
 
 def run_in_process(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
     """``memfit ARGUMENTS`` in this process (no 5 s interpreter start-up per case), with
-    ``cwd`` as the working directory; stdout/stderr captured as ``run_cli`` does."""
+    ``cwd`` as the working directory; stdout/stderr and the exit status (SystemExit's
+    too) as ``run_cli`` gives them. Not for what only a fresh process shows: a signal's
+    real exit, other libraries' import-time output, environment variables."""
     import io
 
     from memfit.cli import main
@@ -89,7 +91,13 @@ def run_in_process(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
     os.chdir(cwd)
     try:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-            status = main(list(arguments))
+            try:
+                status = main(list(arguments))
+            except SystemExit as exit:  # argparse's --help and usage errors
+                # As the interpreter ends: None is 0, a message goes to stderr with 1.
+                status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+                if exit.code is not None and not isinstance(exit.code, int):
+                    print(exit.code, file=sys.stderr)
     finally:
         os.chdir(previous)
     return subprocess.CompletedProcess(["memfit", *arguments], status, stdout.getvalue(),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from cli_helpers import run_cli, write_config
+from cli_helpers import run_in_process, write_config
 from safetensors.torch import load_file, save_file
 
 from memfit.cli import main
@@ -68,7 +68,7 @@ def test_lora_adapts_a_pretrained_autoencoder_to_a_new_contrast(tmp_path):
                   "output_dir": str(run_dir)},
         "log": {"progress": False, "tensorboard": False, "memory_every": 10},
     })
-    result = run_cli("train", str(config), cwd=tmp_path)
+    result = run_in_process("train", str(config), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
 
     evals = [record for record in read_metrics(run_dir) if "eval_loss" in record]

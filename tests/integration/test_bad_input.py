@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_cli, tiny_run_arguments, write_config
+from cli_helpers import run_cli, run_in_process, tiny_run_arguments, write_config
 
 
 def expect_clean_error(tmp_path: Path, arguments: list[str], *fragments: str) -> None:
-    result = run_cli("train", *arguments, cwd=tmp_path)
+    result = run_in_process("train", *arguments, cwd=tmp_path)
     assert result.returncode == 2, result.stdout + result.stderr
     assert "Traceback" not in result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -88,6 +88,7 @@ def test_factory_that_cannot_be_imported(tmp_path: Path, factory: str, fragment:
 
 
 def test_debug_shows_the_traceback(tmp_path: Path, instructions: Path):
+    # A process of its own: the traceback is what the interpreter prints as it ends.
     result = run_cli("train", "--debug",
                      *tiny_run_arguments(instructions, tmp_path / "out", "train.max_step=3"),
                      cwd=tmp_path)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import torch
-from cli_helpers import run_cli, tiny_run_arguments
+from cli_helpers import run_cli, run_in_process, tiny_run_arguments
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from memfit.monitor.metrics import read_metrics
@@ -14,7 +14,7 @@ from memfit.monitor.metrics import read_metrics
 
 def test_full_fine_tune_writes_a_complete_run_folder(tmp_path: Path, instructions: Path):
     run_dir = tmp_path / "run"
-    result = run_cli("train", *tiny_run_arguments(
+    result = run_in_process("train", *tiny_run_arguments(
         instructions, run_dir, "train.max_steps=6", "train.micro_batch_size=2",
         "train.gradient_accumulation_steps=2", "train.eval_every=3", "train.save_every=2",
         "train.keep_checkpoints=2", "optimizer.lr=3e-3"), cwd=tmp_path)
@@ -54,6 +54,8 @@ def test_full_fine_tune_writes_a_complete_run_folder(tmp_path: Path, instruction
 
 def test_lora_run_saves_a_peft_adapter(tmp_path: Path, instructions: Path):
     run_dir = tmp_path / "run"
+    # A fresh interpreter: the stderr check below is about transformers' say-once notes,
+    # which this process may have spent already.
     result = run_cli("train", *tiny_run_arguments(
         instructions, run_dir, "train.max_steps=3", "adapter.kind=lora", "adapter.rank=4",
         "adapter.targets=[q_proj, v_proj]", "memory.gradient_checkpointing=true",
@@ -94,7 +96,7 @@ def test_lora_run_saves_a_peft_adapter(tmp_path: Path, instructions: Path):
 
 
 def test_print_config_shows_resolved_values(tmp_path: Path):
-    result = run_cli("train", "--print-config", "train.max_steps=9", cwd=tmp_path)
+    result = run_in_process("train", "--print-config", "train.max_steps=9", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "max_steps: 9" in result.stdout
     assert "preset: demo-base" in result.stdout
@@ -102,7 +104,7 @@ def test_print_config_shows_resolved_values(tmp_path: Path):
 
 
 def test_help_lists_every_config_key(tmp_path: Path):
-    result = run_cli("train", "--help", cwd=tmp_path)
+    result = run_in_process("train", "--help", cwd=tmp_path)
     assert result.returncode == 0
     for key in ["model.path", "data.format", "optimizer.galore.rank", "memory.budget",
                 "train.gradient_accumulation_steps", "log.every"]:
@@ -110,7 +112,7 @@ def test_help_lists_every_config_key(tmp_path: Path):
 
 
 def test_env_reports_backends(tmp_path: Path):
-    result = run_cli("env", cwd=tmp_path)
+    result = run_in_process("env", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert "torch" in result.stdout and "bitsandbytes 4-bit cpu" in result.stdout
     assert torch.__version__.split("+")[0] in result.stdout

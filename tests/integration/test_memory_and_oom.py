@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_cli, tiny_run_arguments
+from cli_helpers import run_in_process, tiny_run_arguments, write_instructions
 from transformers import AutoModelForCausalLM
 
 import memfit
@@ -24,8 +24,17 @@ def train(data: Path, output_dir: Path, *overrides: str):
     return memfit.train(load_config(path, rest))
 
 
-def test_every_step_reports_memory_by_category(tmp_path: Path, instructions: Path):
-    result = train(instructions, tmp_path / "run", "train.micro_batch_size=4")
+@pytest.fixture(scope="module")
+def micro_batch_4(tmp_path_factory):
+    """One finished run at micro-batch 4, trained once: read, never changed, by the tests
+    that take it."""
+    folder = tmp_path_factory.mktemp("micro_batch_4")
+    return train(write_instructions(folder / "rows.jsonl"), folder / "run",
+                 "train.micro_batch_size=4")
+
+
+def test_every_step_reports_memory_by_category(micro_batch_4):
+    result = micro_batch_4
     steps = [r for r in read_metrics(result.output_dir) if "loss" in r]
     parameter_bytes = 4 * result.summary["total_parameters"]
     model = AutoModelForCausalLM.from_config(tiny_llama())
@@ -65,9 +74,9 @@ def test_out_of_memory_steps_down_and_matches_the_unconstrained_run(tmp_path: Pa
 
 
 def test_nothing_fits_exits_2_with_one_line(tmp_path: Path, instructions: Path):
-    result = run_cli("train", *tiny_run_arguments(instructions, tmp_path / "run",
-                                                  "memory.budget=64KiB", "train.max_steps=2"),
-                     cwd=tmp_path)
+    result = run_in_process("train", *tiny_run_arguments(instructions, tmp_path / "run",
+                                                         "memory.budget=64KiB",
+                                                         "train.max_steps=2"), cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "Traceback" not in result.stderr
     assert "memory.budget=64KiB" in result.stderr and "memfit plan" in result.stderr
@@ -89,8 +98,9 @@ def test_a_rung_that_rebuilds_the_model_keeps_the_losses(tmp_path: Path, instruc
     assert events == ["memory.gradient_checkpointing False -> True"]
 
 
-def test_auto_fit_applies_the_plan_and_records_why(tmp_path: Path, instructions: Path):
-    free = train(instructions, tmp_path / "free", "train.micro_batch_size=4")
+def test_auto_fit_applies_the_plan_and_records_why(tmp_path: Path, instructions: Path,
+                                                  micro_batch_4):
+    free = micro_batch_4
     budget = int(free.summary["memory_peak_bytes"] * 0.6)
     fitted = train(instructions, tmp_path / "fitted", "train.micro_batch_size=4",
                    "memory.auto=true", f"memory.budget={budget}")
@@ -107,7 +117,7 @@ def test_auto_fit_applies_the_plan_and_records_why(tmp_path: Path, instructions:
 
 
 def test_train_refuses_a_preset_too_large_for_this_machine(tmp_path: Path):
-    result = run_cli("train", "model.preset=llama-2-70b", cwd=tmp_path)
+    result = run_in_process("train", "model.preset=llama-2-70b", cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "model.preset='llama-2-70b' needs" in result.stderr
     assert "memfit plan" in result.stderr and not (tmp_path / "runs").exists()

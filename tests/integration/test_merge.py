@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import torch
-from cli_helpers import run_cli, tiny_run_arguments
+from cli_helpers import run_in_process, tiny_run_arguments
 from factories import regressor, write_regression_data
 from peft import PeftModel
 from safetensors.torch import load_file
@@ -40,8 +40,8 @@ def test_qlora_run_merges_into_a_plain_hugging_face_folder(tmp_path: Path, instr
         "adapter.kind=qlora", "adapter.rank=4", "adapter.targets=[attention, mlp]",
         "memory.gradient_checkpointing=true", "memory.chunked_loss=true",
         "memory.loss_chunk_tokens=16", "log.tensorboard=false", "data.eval_fraction=0"))
-    result = run_cli("merge", "--trust-code",
-                     str(run_dir), "--out", str(tmp_path / "merged"), cwd=tmp_path)
+    result = run_in_process("merge", "--trust-code",
+                            str(run_dir), "--out", str(tmp_path / "merged"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert f"merged model  {tmp_path / 'merged'}/" in result.stdout
 
@@ -90,8 +90,8 @@ def test_qlora_run_on_a_hugging_face_folder_merges(tmp_path: Path, instructions:
         instructions, tmp_path / "run", "model.preset=demo-base", "train.max_steps=2",
         "optimizer.lr=1e-2", "adapter.kind=qlora", "adapter.rank=4", "log.tensorboard=false",
         "data.eval_fraction=0"))
-    result = run_cli("merge", "--trust-code",
-                     str(run_dir), "--out", str(tmp_path / "merged"), cwd=tmp_path)
+    result = run_in_process("merge", "--trust-code",
+                            str(run_dir), "--out", str(tmp_path / "merged"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
     input_ids = torch.randint(3, 250, (2, 24))

@@ -8,8 +8,8 @@ from cli_helpers import run_cli, run_in_process
 
 
 def test_plan_json_is_one_object(tmp_path):
-    result = run_cli("plan", "model.preset=tiny-llama", "data.max_length=64",
-                     "--budget", "64MiB", "--json", cwd=tmp_path)
+    result = run_in_process("plan", "model.preset=tiny-llama", "data.max_length=64",
+                            "--budget", "64MiB", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert set(plan) == {"device", "device_assumed", "devices", "config", "strategies",
@@ -47,6 +47,7 @@ def test_plan_without_a_budget_prints_every_strategy_quietly(tmp_path):
     from memfit.plan.strategies import strategies
 
     arguments = ["model.preset=tiny-llama", "data.max_length=16"]
+    # A fresh interpreter: in this one, a library's say-once note may be spent already.
     result = run_cli("plan", *arguments, "--device", "cpu", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     assert result.stderr == ""
@@ -66,7 +67,7 @@ def test_plan_without_a_budget_prints_every_strategy_quietly(tmp_path):
 
 
 def test_plan_bad_budget_is_one_line_exit_2(tmp_path):
-    result = run_cli("plan", "model.preset=tiny-llama", "--budget", "lots", cwd=tmp_path)
+    result = run_in_process("plan", "model.preset=tiny-llama", "--budget", "lots", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip().startswith("memfit: error: --budget")
     assert "Traceback" not in result.stderr
@@ -76,10 +77,10 @@ def test_plan_traces_a_factory_model_with_a_batch_from_its_data(tmp_path):
     from factories import write_regression_data
 
     write_regression_data(tmp_path / "reg.npz")
-    result = run_cli("plan", "model.factory=factories:regressor", "model.task=custom",
-                     "data.format=tensors", f"data.path={tmp_path / 'reg.npz'}",
-                     "train.micro_batch_size=4", "--budget", "1MiB", "--device", "cpu",
-                     "--json", cwd=tmp_path)
+    result = run_in_process("plan", "model.factory=factories:regressor", "model.task=custom",
+                            "data.format=tensors", f"data.path={tmp_path / 'reg.npz'}",
+                            "train.micro_batch_size=4", "--budget", "1MiB", "--device", "cpu",
+                            "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     # Linear(8, 32) + Linear(32, 1): 321 fp32 parameters.
@@ -94,8 +95,8 @@ def test_plan_max_length_finds_the_longest_sequence_that_fits(tmp_path):
     from memfit.plan.planner import load_plan_config
 
     arguments = ["model.preset=tiny-llama", "train.micro_batch_size=1"]
-    result = run_cli("plan", *arguments, "--budget", "1MiB", "--device", "cpu",
-                     "--max-length", "--json", cwd=tmp_path)
+    result = run_in_process("plan", *arguments, "--budget", "1MiB", "--device", "cpu",
+                            "--max-length", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     found = json.loads(result.stdout)
     assert (found["context"], found["strategy"]) == (1024, "qlora+offload")
@@ -110,7 +111,7 @@ def test_plan_max_length_finds_the_longest_sequence_that_fits(tmp_path):
 
 
 def test_plan_max_length_is_for_one_device(tmp_path):
-    result = run_cli("plan", "model.preset=tiny-llama", "--budget", "1MiB", "--max-length",
-                     "--devices", "2", cwd=tmp_path)
+    result = run_in_process("plan", "model.preset=tiny-llama", "--budget", "1MiB",
+                            "--max-length", "--devices", "2", cwd=tmp_path)
     assert result.returncode == 2
     assert result.stderr.strip() == "memfit: error: --max-length plans one device; drop --devices"

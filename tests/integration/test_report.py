@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_cli, tiny_run_arguments
+from cli_helpers import run_in_process, tiny_run_arguments
 from matplotlib.image import imread
 
 from memfit._utils.errors import ConfigError
@@ -52,7 +52,7 @@ def run_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("report")
     data = write_instructions(folder / "rows.jsonl")
     run = folder / "run"
-    result = run_cli("train", *tiny_run_arguments(
+    result = run_in_process("train", *tiny_run_arguments(
         data, run, "train.max_steps=3", "train.eval_every=2", "train.micro_batch_size=2",
         "data.eval_fraction=0.2", "log.tensorboard=false",
         "memory.activation_offload=true"), cwd=folder)  # host bytes to report
@@ -62,7 +62,7 @@ def run_dir(tmp_path_factory) -> Path:
 
 def test_report_is_one_self_contained_page(run_dir: Path, tmp_path: Path):
     out = tmp_path / "page" / "report.html"
-    result = run_cli("report", str(run_dir), "--out", str(out), cwd=tmp_path)
+    result = run_in_process("report", str(run_dir), "--out", str(out), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     text = out.read_text()
     page = _Page()
@@ -98,7 +98,8 @@ def test_report_defaults_into_the_run_folder_and_refuses_other_folders(run_dir: 
 @pytest.mark.skipif(shutil.which("chromium") is None, reason="headless Chromium not installed")
 def test_report_renders_in_headless_chromium(run_dir: Path, tmp_path: Path):
     out = tmp_path / "report.html"
-    assert run_cli("report", str(run_dir), "--out", str(out), cwd=tmp_path).returncode == 0
+    result = run_in_process("report", str(run_dir), "--out", str(out), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
     dom = subprocess.run(["chromium", "--headless", "--no-sandbox", "--dump-dom",
                           out.as_uri()], capture_output=True, text=True, timeout=120)
     assert dom.returncode == 0 and "Memory: plan and measured" in dom.stdout

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import cli_env, run_cli, tiny_run_arguments, write_config
+from cli_helpers import cli_env, run_in_process, tiny_run_arguments, write_config
 from factories import write_regression_data
 from safetensors.torch import load_file
 
@@ -33,7 +33,9 @@ def regression_arguments(data: Path, output_dir: Path) -> list[str]:
 def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path):
     data = write_regression_data(tmp_path / "regression.npz")
     reference = tmp_path / "reference"
-    assert run_cli("train", *regression_arguments(data, reference), cwd=tmp_path).returncode == 0
+    # Only the killed run needs a process of its own; the others run in this one.
+    reference_run = run_in_process("train", *regression_arguments(data, reference), cwd=tmp_path)
+    assert reference_run.returncode == 0, reference_run.stderr
 
     killed = tmp_path / "killed"
     process = subprocess.Popen(
@@ -47,7 +49,7 @@ def test_sigkill_then_resume_matches_uninterrupted(tmp_path: Path):
     process.wait()
     assert not (killed / "summary.json").exists(), "the kill landed after the run finished"
 
-    resumed = run_cli("train", "--trust-code", "--resume", str(killed), cwd=tmp_path)
+    resumed = run_in_process("train", "--trust-code", "--resume", str(killed), cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     expected = losses_by_step(read_metrics(reference))
     assert losses_by_step(read_metrics(killed)) == pytest.approx(expected, rel=1e-6)
@@ -64,14 +66,14 @@ def test_lora_resume_from_an_earlier_checkpoint_matches(tmp_path: Path, instruct
     arguments = tiny_run_arguments(instructions, run_dir, "train.max_steps=6",
                                    "train.save_every=3", "adapter.kind=lora",
                                    "adapter.dropout=0.1", "log.tensorboard=false")
-    result = run_cli("train", *arguments, cwd=tmp_path)
+    result = run_in_process("train", *arguments, cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     uninterrupted = losses_by_step(read_metrics(run_dir))
     adapter = load_file(run_dir / "adapter" / "adapter_model.safetensors")
 
     shutil.rmtree(run_dir / "checkpoints" / "step-6")
     (run_dir / "metrics.jsonl").write_text("")
-    result = run_cli("train", "--trust-code", "--resume", str(run_dir), cwd=tmp_path)
+    result = run_in_process("train", "--trust-code", "--resume", str(run_dir), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     resumed = losses_by_step(read_metrics(run_dir))
     assert sorted(resumed) == [4, 5, 6]
