@@ -1,5 +1,6 @@
-"""A guard with numbers: the demo's first 10 training losses under a few strategies, pinned
-to the digits printed on 2026-12-02 (torch 2.13.0, CPU). A refactor that changes what a
+"""A guard with numbers: the demo's first 10 training losses under a few strategies and
+every registered optimizer, pinned to the digits printed on 2026-12-02 and 2026-12-04
+(torch 2.13.0, CPU). A refactor that changes what a
 step computes fails here loudly; one that only moves code passes. The fsdp counterparts
 on 2 processes are pinned in tests/distributed (test_fsdp_train, test_fsdp_lean).
 
@@ -29,7 +30,18 @@ CASES: dict[str, list[str]] = {
     "layerwise-accumulating": ["adapter.kind=none", "optimizer.layerwise=true",
                                "train.micro_batch_size=4",
                                "train.gradient_accumulation_steps=2"],
+    # Every other registered optimizer, training every weight (test below keeps the list
+    # whole), and GaLore's APOLLO-Mini projector.
+    "full-adamw8bit": ["adapter.kind=none", "optimizer.name=adamw8bit"],
+    "full-adafactor": ["adapter.kind=none", "optimizer.name=adafactor"],
+    "full-sgd": ["adapter.kind=none", "optimizer.name=sgd"],
+    # Lion's sign updates take the step size of its tests (tests/integration/test_lion.py).
+    "full-lion": ["adapter.kind=none", "optimizer.name=lion", "optimizer.lr=3e-4"],
+    "apollo-mini": ["adapter.kind=none", "optimizer.name=galore",
+                    "optimizer.galore.projector=apollo_mini", "optimizer.galore.update_gap=4"],
 }
+# Registered optimizers this CPU cannot run, and why.
+NEEDS_CUDA = {"paged_adamw8bit": "pages its state between GPU and host memory"}
 PINNED: dict[str, list[float]] = {
     "default": [2.129750, 2.815511, 3.221728, 4.066552, 1.729627,
                 2.040562, 2.023093, 2.371312, 1.329074, 1.360372],
@@ -41,6 +53,17 @@ PINNED: dict[str, list[float]] = {
                2.029881, 2.099006, 2.763365, 1.325344, 1.453035],
     "layerwise-accumulating": [2.129750, 2.592151, 2.207357, 2.404001, 1.279422,
                                1.491723, 1.214669, 1.726215, 1.406305, 1.652572],
+    # Pinned on 2026-12-04 (torch 2.13.0, CPU, one thread).
+    "full-adamw8bit": [2.129750, 2.592146, 2.207406, 2.405274, 1.278525,
+                       1.481583, 1.201758, 1.732365, 1.397882, 1.637301],
+    "full-adafactor": [2.129750, 2.813415, 3.227192, 4.074726, 1.745815,
+                       2.141141, 2.193601, 2.852127, 1.534763, 1.628147],
+    "full-sgd": [2.129750, 2.829006, 3.295864, 4.238915, 1.888710,
+                 2.363654, 2.652323, 3.481874, 1.928748, 2.280500],
+    "full-lion": [2.129750, 2.805163, 3.184222, 3.975016, 1.657221,
+                  1.960855, 1.863681, 2.326560, 1.311509, 1.289155],
+    "apollo-mini": [2.129750, 2.805871, 3.209004, 4.066886, 1.748747,
+                    2.116436, 2.237720, 3.004798, 1.459372, 1.688909],
 }
 
 
@@ -56,6 +79,15 @@ def demo_losses(case: str, root: Path) -> list[float]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_demo_losses_are_the_pinned_ones(case: str, tmp_path: Path):
     assert demo_losses(case, tmp_path) == pytest.approx(PINNED[case], rel=1e-5)
+
+
+def test_every_registered_optimizer_has_pinned_losses():
+    from memfit.techniques.optimizers import SPECS
+
+    pinned = {override.partition("=")[2] for overrides in CASES.values()
+              for override in overrides if override.startswith("optimizer.name=")}
+    pinned.add("adamw")  # the demo's own
+    assert set(SPECS) - set(NEEDS_CUDA) == pinned, "pin the demo's losses of a new optimizer"
 
 
 if __name__ == "__main__":  # re-pin: prints the PINNED mapping to paste above
