@@ -147,6 +147,31 @@ def test_two_processes_match_one_on_the_same_global_batch(runs: Path, name: str)
     assert _losses(two, "eval_loss") == pytest.approx(_losses(one, "eval_loss"), rel=tolerance)
 
 
+# The 2-process losses of every case, pinned to the digits printed on 2026-12-04 (torch
+# 2.13.0, CPU): the ddp half of tests/regression/test_pinned_losses.py. A new case (a new
+# registered optimizer) fails here until its losses are pinned.
+PINNED = {
+    "adafactor": [5.554708, 5.536993, 5.537203, 5.528737, 5.525222],
+    "adamw": [5.554708, 5.410375, 5.231967, 5.125843, 5.077516],
+    "adamw8bit": [5.554708, 5.410375, 5.231970, 5.125843, 5.077516],
+    "galore": [5.554708, 5.493950, 5.407758, 5.322160, 5.279629],
+    "galore-online": [5.554708, 5.493950, 5.407722, 5.321243, 5.278802],
+    "layerwise-adamw": [5.554708, 5.410375, 5.231958, 5.126802, 5.079314],
+    "layerwise-galore": [5.554708, 5.493935, 5.407530, 5.322565, 5.279974],
+    "lion": [5.554708, 5.410374, 5.218199, 5.094266, 5.037161],
+    "lora-checkpointed-chunked": [5.554708, 5.525223, 5.501088, 5.473120, 5.459376],
+    "qlora-bf16-offloaded": [5.547857, 5.517843, 5.494433, 5.467396, 5.454441],
+    "sgd": [5.554708, 5.538682, 5.542473, 5.536781, 5.534457],
+    "untied-embedding": [6.239900, 6.192564, 6.126115, 6.083881, 6.045330],
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_two_process_losses_are_the_pinned_ones(runs: Path, name: str):
+    assert name in PINNED, f"pin the 2-process losses of {name}"
+    assert list(_losses(runs / f"{name}-2").values()) == pytest.approx(PINNED[name], rel=1e-5)
+
+
 def test_checkpoints_are_written_once_with_every_ranks_generators(runs: Path):
     checkpoint = runs / "adamw-2" / "checkpoints" / f"step-{STEPS}"
     assert read_manifest(checkpoint).kind is CheckpointKind.SINGLE_PROCESS
