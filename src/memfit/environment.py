@@ -36,7 +36,7 @@ from memfit._utils.broken_imports import (
 
 # Beside memfit's own dependencies, the libraries a model.factory commonly imports.
 PACKAGES = ["memfit", "torch", "transformers", "peft", "bitsandbytes", "datasets",
-            "safetensors", "tensorboard", "torchvision", "timm"]
+            "safetensors", "tensorboard", "accelerate", "gguf", "torchvision", "timm"]
 
 
 def _version(package: str) -> str:
