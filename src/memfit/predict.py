@@ -38,7 +38,7 @@ from memfit.config.code_trust import refuse_untrusted_code
 from memfit.config.schema import Task
 from memfit.data import collate
 from memfit.data.classification import text_ids
-from memfit.data.images import file_images, image_files, load_images, transformed
+from memfit.data.images import files_images, image_files, load_images, transformed
 from memfit.data.read import data_files, iter_rows, read_rows
 from memfit.models.loss import image_classification_logits
 from memfit.training.trained_model import run_config, trained_model
@@ -74,8 +74,7 @@ def _image_batches(config: Config, tokenizer: Any, file: Path) -> Batches:
     """FILE (an image or array file, or a folder of them, as data/images.py reads one) as
     training made its images: data.images' normalize, channels, size and contrast."""
     settings = config.data.images
-    pairs = [pair for name in image_files(str(file), f"{COMMAND} FILE")
-             for pair in file_images(name, settings.channels)]
+    pairs = list(files_images(image_files(str(file), f"{COMMAND} FILE"), settings.channels))
     size = config.train.micro_batch_size
     for start in range(0, len(pairs), size):
         chunk = pairs[start:start + size]

@@ -93,11 +93,11 @@ def run_in_process(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
         with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
             try:
                 status = main(list(arguments))
-            except SystemExit as exit:  # argparse's --help and usage errors
+            except SystemExit as stop:  # argparse's --help and usage errors
                 # As the interpreter ends: None is 0, a message goes to stderr with 1.
-                status = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
-                if exit.code is not None and not isinstance(exit.code, int):
-                    print(exit.code, file=sys.stderr)
+                status = stop.code if isinstance(stop.code, int) else int(stop.code is not None)
+                if stop.code is not None and not isinstance(stop.code, int):
+                    print(stop.code, file=sys.stderr)
     finally:
         os.chdir(previous)
     return subprocess.CompletedProcess(["memfit", *arguments], status, stdout.getvalue(),

@@ -69,7 +69,7 @@ def read_images(path: str, settings: ImageSettings, seed: int, key: str = "data.
     ``settings.target_contrast`` is set; float32 in [0, 1]. ``key``: the config key that
     names ``path``, for messages."""
     check_settings(settings)
-    pictures = load_images(_file_arrays(image_files(path, key), settings.channels), settings)
+    pictures = load_images(files_images(image_files(path, key), settings.channels), settings)
     return transformed(pictures, settings, seed)
 
 
@@ -206,7 +206,8 @@ def _generator(seed: int, index: int, role: int) -> torch.Generator:
 
 # --- decoding, normalisation, channels, size ----------------------------------------------
 
-def _file_arrays(files: list[str], channels: int) -> Iterator[tuple[str, np.ndarray]]:
+def files_images(files: list[str], channels: int) -> Iterator[tuple[str, np.ndarray]]:
+    """``file_images`` of each file, in order."""
     for file in files:
         yield from file_images(file, channels)
 
