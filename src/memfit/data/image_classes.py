@@ -35,7 +35,7 @@ from memfit.data.classification import FoundLabels
 from memfit.data.images import (
     IMAGE_EXTENSIONS,
     ImageSettings,
-    file_images,
+    files_images,
     load_images,
     stack_images,
 )
@@ -194,9 +194,7 @@ def class_ids(labelled: Labelled, indices: Sequence[int], names: Sequence[str]
 def read(labelled: Labelled, settings: ImageSettings) -> torch.Tensor:
     """Every example's picture, (N, C, S, S) float32 in [0, 1], before contrast."""
     if labelled.files:  # image files: exactly one image each
-        pairs = [pair for file in labelled.files
-                 for pair in file_images(file, settings.channels)]
-        return load_images(pairs, settings)
+        return load_images(files_images(list(labelled.files), settings.channels), settings)
     with np.load(labelled.path, allow_pickle=False) as archive:
         return load_images(stack_images(archive["images"], f"{labelled.path}[images]"),
                            settings)
