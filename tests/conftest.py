@@ -1,4 +1,4 @@
-"""For the whole suite: one compute thread per process.
+"""For the whole suite: one compute thread per process, and a calibration cache of its own.
 
 The README's test command runs 2 pytest-xdist workers on 2 cores, and many tests start
 `memfit` subprocesses or 2-process torchrun jobs beside them. With torch's default (one
@@ -14,9 +14,15 @@ kept.
 from __future__ import annotations
 
 import os
+import tempfile
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
+
+# The planner calibrates this machine once for its step times (memfit.plan.devices): into a
+# cache of the suite's own, not the user's, shared by the workers and kept between runs.
+os.environ.setdefault("MEMFIT_CACHE_DIR",
+                      os.path.join(tempfile.gettempdir(), f"memfit-tests-{os.getuid()}"))
 
 import torch  # noqa: E402 -- after the thread count above
 

@@ -179,6 +179,7 @@ def _command_predict(args: argparse.Namespace) -> int:
 def _command_plan(args: argparse.Namespace) -> int:
     import json
 
+    from memfit.config.devices import DATASHEETS
     from memfit.plan.planner import default_budget, load_plan_config, plan
     from memfit.plan.report import format_plan
 
@@ -190,18 +191,21 @@ def _command_plan(args: argparse.Namespace) -> int:
 
         if args.devices not in (None, 1):
             raise ConfigError("--max-length plans one device; drop --devices")
+        device = "cuda" if args.device in DATASHEETS else args.device
         budget = default_budget(args.device) if args.budget is None else args.budget
         if budget is None:
             raise ConfigError("--max-length needs --budget (e.g. --budget 24GiB): there is no "
                               "GPU here to take it from")
-        longest = longest_fit(config, budget, device=args.device)
+        longest = longest_fit(config, budget, device=device)
         print(json.dumps(longest.to_json(), indent=2) if args.json
               else format_longest(longest, config))
         return 0
     from memfit.training.fit import example_batch
 
     result = plan(config, args.budget, device=args.device, example_batch=example_batch(config),
-                  devices=args.devices)
+                  devices=args.devices, prefer=args.prefer, any_method=args.any_method)
+    if result.calibrated:
+        _say(f"memfit: {result.calibrated}")
     print(json.dumps(result.to_json(), indent=2) if args.json else format_plan(result, config))
     return 0
 
@@ -229,10 +233,13 @@ def _command_report(args: argparse.Namespace) -> int:
 
 
 def _command_env(args: argparse.Namespace) -> int:
-    from memfit.environment import describe
+    from memfit.environment import calibrate, describe
 
     for name, value in describe():
         print(f"{name:<24} {value}")
+    if args.calibrate:
+        for name, value in calibrate():
+            print(f"{name:<24} {value}")
     return 0
 
 
@@ -253,6 +260,7 @@ def _add_trust_code(command: argparse.ArgumentParser, what: str) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from memfit.config.choices import TOKEN_FORMATS
+    from memfit.config.devices import DATASHEETS
     from memfit.config.reference import help_text
 
     parser = argparse.ArgumentParser(prog="memfit", description=DESCRIPTION)
@@ -351,10 +359,21 @@ def build_parser() -> argparse.ArgumentParser:
                            "marks what fits and recommends one; default: the GPU's memory "
                            "where one is present (--device cuda), else every strategy's "
                            "bytes with no fits column")
-    plan.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+    plan.add_argument("--device", default="cuda", metavar="DEVICE",
                       help="the device to plan for: cuda (default, also where no GPU is here: "
                            "the header then says it is assumed) adds the CUDA context and "
-                           "allocator overhead; cpu plans for this machine, tensors only")
+                           "allocator overhead; cpu plans for this machine, tensors only; or a "
+                           "GPU that is not here, from its builtin profile: "
+                           f"{', '.join(DATASHEETS)} (its memory is the default --budget). "
+                           "Step times come from this "
+                           "machine's calibration (memfit env --calibrate; made on first use) "
+                           "or the builtin profile")
+    plan.add_argument("--prefer", choices=("quality", "speed"), default="quality",
+                      help="quality (default): the most preferred method that fits, at its "
+                           "fastest mix; speed: the fastest strategy that fits among the "
+                           "methods of the config's adapter.kind")
+    plan.add_argument("--any-method", action="store_true",
+                      help="with --prefer speed: the fastest strategy that fits, any method")
     plan.add_argument("--devices", type=int, metavar="N",
                       help="bytes per device of training as N processes, one device each: "
                            "every strategy under ddp (each holds the whole model) and under "
@@ -397,6 +416,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(handler=_command_report)
 
     env = commands.add_parser("env", help="versions, devices and which backends work here")
+    env.add_argument("--calibrate", action="store_true",
+                     help="also measure this machine's device for the planner's step times "
+                          "(matmul per dtype, memory bandwidth, host link, cost per op; a few "
+                          "seconds) and keep it in the user's cache folder")
     _add_debug(env)
     env.set_defaults(handler=_command_env)
     return parser

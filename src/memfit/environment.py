@@ -228,5 +228,28 @@ def describe() -> list[tuple[str, str]]:
         skipped[started] = died(status)
 
 
+def calibrate() -> list[tuple[str, str]]:
+    """``memfit env --calibrate``: this machine's device measured for the planner (the
+    first GPU, else the CPU at this process's thread count) and cached; its rows."""
+    import torch
+
+    from memfit.plan.calibrate import calibrate_and_cache
+    from memfit.plan.step_time import rate
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    profile, path, took = calibrate_and_cache(device)
+    rows = [(f"matmul {dtype}", f"{rate(table, table[-1][0]) / 1e9:,.1f} GFLOP/s at "
+                                f"{table[-1][0]:.3g} FLOPs per call, "
+                                f"{rate(table, table[0][0]) / 1e9:.3g} at {table[0][0]:.3g}")
+            for dtype, table in profile.matmul.items()]
+    return [("calibrated", f"{profile.name} in {took:.1f} s ({profile.note})"), *rows,
+            ("memory bandwidth", f"{profile.memory[-1][1] / 1e9:,.1f} GB/s at "
+                                 f"{profile.memory[-1][0] / 2**20:,.0f} MiB per op"),
+            ("host link", f"{profile.host_link / 1e9:,.1f} GB/s"),
+            ("cost per op", f"{profile.op_seconds * 1e6:.1f} us (host time of each op of a "
+                            "training step)"),
+            ("calibration cache", str(path))]
+
+
 if __name__ == "__main__":
     describe_here(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}, reporting=True)

@@ -34,11 +34,15 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import AdapterKind, Config
+from memfit.config.schema import AdapterKind, Config, Task
 from memfit.plan import costs, meta, moments, per_device
+from memfit.plan.step_time import StepWork
 from memfit.plan.trace import TraceResult, trace_micro_batch
 from memfit.plan.workload import ExampleBatch, token_shape, workload
+from memfit.techniques.distribution import strategy_for
+from memfit.techniques.distribution_traffic import TrafficSizes
 from memfit.techniques.moments import Moment, StepBytes
+from memfit.techniques.optimizers import spec_for
 from memfit.techniques.precision import AUTOCAST_DTYPES
 from memfit.techniques.quantize_stand_in import QuantizedLinear, quantized_path
 
@@ -58,6 +62,7 @@ class Estimate:
     micro_batch_size: int
     gradient_accumulation_steps: int
     peak_moment: Moment
+    work: StepWork  # what one optimizer step asks of a device (priced by plan.step_time)
 
     @property
     def device_bytes(self) -> int:
@@ -151,7 +156,29 @@ def estimate(config: Config, device: str = "cuda",
                  + optimizer.step_scratch_bytes)
     return Estimate(split, total, costs.device_overhead_bytes(total, device), host,
                     config.train.micro_batch_size, config.train.gradient_accumulation_steps,
-                    peak)
+                    peak, _step_work(config, sizing, params, devices))
+
+
+def _step_work(config: Config, sizing: _Sizing, params: list[costs.Param], devices: int
+               ) -> StepWork:
+    """The work of one optimizer step on one device: the traced micro-batch's, as many times
+    as the step accumulates; the optimizer's (its spec's, over this device's rows under
+    FSDP2); what the strategy sends; with optimizer offload, fp32 gradients down and
+    weights back up."""
+    rows = per_device.rank_zero_rows(params, devices) if devices > 1 else params
+    spec = spec_for(config)
+    optimizer = spec.step_work(rows, spec.costs(rows, config), config)
+    offload = config.memory.optimizer_offload
+    units = 1 + sizing.sharded_bytes // max(sizing.units.block, 1)  # the blocks and the root
+    traffic = strategy_for(config).traffic(
+        TrafficSizes(costs.grad_bytes(params), sizing.sharded_bytes, units), config)
+    train = config.train
+    tokens = (train.micro_batch_size * token_shape(config).length
+              * train.gradient_accumulation_steps * config.distributed.nproc
+              if config.model.task in (Task.CAUSAL_LM, Task.SEQUENCE_CLASSIFICATION)
+              and not config.model.factory else None)
+    return StepWork(sizing.trace.work, train.gradient_accumulation_steps, optimizer, offload,
+                    2 * 4 * sum(p.numel for p in rows) if offload else 0, traffic, tokens)
 
 
 def _inputs_in_step(config: Config, sizing: _Sizing, device: str) -> int:
@@ -251,7 +278,8 @@ def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
                         grow_split(one.trace.peak_without_grads, two.trace.peak_without_grads),
                         grow_split(one.trace.backward_without_grads,
                                    two.trace.backward_without_grads),
-                        grow(one.trace.host_peak_bytes, two.trace.host_peak_bytes))
+                        grow(one.trace.host_peak_bytes, two.trace.host_peak_bytes),
+                        one.trace.work.grown(two.trace.work, extra_layers))
     return _Sizing(grow(one.weight_bytes, two.weight_bytes),
                    grow(one.sharded_bytes, two.sharded_bytes), params, trace,
                    max(one.units, two.units, key=lambda units: units.block), one.batch_bytes)

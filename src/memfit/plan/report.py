@@ -7,17 +7,21 @@ from memfit._utils.sizes import format_bytes
 from memfit.accounting import CATEGORIES
 from memfit.config.choices import TOKEN_FORMATS
 from memfit.config.schema import Config, DataFormat
+from memfit.plan.choose import format_seconds
 from memfit.plan.itemize import Estimate
 from memfit.plan.longest import MIN_LENGTH, LongestFit
 from memfit.plan.planner import Plan, device_label
+from memfit.plan.step_time import StepTime
 
-_COLUMNS = (*CATEGORIES, "peak", "+overhead", "host")
+_COLUMNS = (*CATEGORIES, "peak", "+overhead", "host", "step", "tok/s")
 
 
-def _cells(row: Estimate) -> list[str]:
+def _cells(row: Estimate, time: StepTime) -> list[str]:
     values = [*(row.bytes[name] for name in CATEGORIES), row.peak_tensor_bytes,
               row.device_bytes, row.host_bytes]
-    return [format_bytes(value) if value else "-" for value in values]
+    speed = time.tokens_per_second
+    return [*(format_bytes(value) if value else "-" for value in values),
+            format_seconds(time.seconds), "-" if speed is None else f"{speed:,.0f}"]
 
 
 def _micro_batch(config: Config) -> str:
@@ -41,13 +45,13 @@ def format_plan(result: Plan, config: Config) -> str:
     lines = [f"memfit plan: {model}, micro-batch {_micro_batch(config)}, "
              f"{config.train.gradient_accumulation_steps} accumulation steps, "
              f"{'no budget' if budget is None else 'budget ' + format_bytes(budget)}, "
-             f"for {device_label(result.device)}{devices}", ""]
+             f"for {result.label}{devices}", ""]
     # Without a budget there is nothing to fit: no "fits" column.
     fits = [] if budget is None else ["fits"]
     header = ["strategy", *_COLUMNS, *fits, "peak at"]
     given = ("config (as given)" if result.devices == 1
              else f"config (as given, {result.config_distributed})")
-    rows = [[given, *_cells(result.config),
+    rows = [[given, *_cells(result.config, result.config_time),
              *(["yes" if result.config.device_bytes <= budget else "no"] if fits else []),
              result.config.peak_moment.name]]
     for strategy in result.strategies:
@@ -55,7 +59,8 @@ def format_plan(result: Plan, config: Config) -> str:
         if strategy.name == result.recommended:
             size = result.recommended_overrides["train.micro_batch_size"]
             mark = ("yes" if strategy.fits else f"at micro-batch {size}") + " <- recommended"
-        rows.append([strategy.name, *_cells(strategy.estimate), *([mark] if fits else []),
+        rows.append([strategy.name, *_cells(strategy.estimate, strategy.time),
+                     *([mark] if fits else []),
                      strategy.estimate.peak_moment.name])
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
@@ -78,9 +83,18 @@ def format_plan(result: Plan, config: Config) -> str:
         lines.append("apply with:  " + " ".join(
             f"{key}={_value(value)}" for key, value in result.recommended_overrides.items()))
     lines.append("peak = live tensor bytes (weights..temporaries at the peak); +overhead adds "
-                 "the CUDA context and allocator slack; host = offloaded bytes; peak at = the "
-                 "moment of the step that sets the peak")
+                 "the CUDA context and allocator slack; host = offloaded bytes; step = "
+                 "predicted seconds per optimizer step and tok/s the tokens it trains on per "
+                 f"second ({_profile(result)}); peak at = the moment of the step that sets "
+                 "the peak")
     return "\n".join(lines)
+
+
+def _profile(result: Plan) -> str:
+    profile = result.profile
+    if profile.source == "calibrated":
+        return f"this machine's {profile.name}, calibrated (memfit env --calibrate)"
+    return f"{profile.name}'s builtin profile: {profile.note}"
 
 
 def format_longest(result: LongestFit, config: Config) -> str:

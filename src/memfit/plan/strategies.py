@@ -55,6 +55,10 @@ _OFF = {"memory.gradient_checkpointing": False, "memory.chunked_loss": False,
         "memory.optimizer_offload": False}
 
 
+# The levels' name suffixes, in order: plain, checkpointing, offload.
+LEVELS = ("", "+ckpt", "+offload")
+
+
 def levels(state_offload_ok: bool, chunked_loss_ok: bool, tiled_mlp_ok: bool = False
            ) -> list[tuple[str, Overrides]]:
     """plain, +ckpt, +offload; optimizer state goes to the host only where it can
@@ -66,7 +70,7 @@ def levels(state_offload_ok: bool, chunked_loss_ok: bool, tiled_mlp_ok: bool = F
                      "memory.chunked_loss": chunked_loss_ok, "memory.tiled_mlp": tiled_mlp_ok}
     offload = {**checkpointing, "memory.activation_offload": True,
                "memory.optimizer_offload": state_offload_ok}
-    return [("", dict(_OFF)), ("+ckpt", checkpointing), ("+offload", offload)]
+    return list(zip(LEVELS, (dict(_OFF), checkpointing, offload), strict=True))
 
 
 def strategies(chunked_loss_ok: bool, tiled_mlp_ok: bool = False, sharded: bool = False

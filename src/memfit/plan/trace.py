@@ -40,6 +40,8 @@ from memfit.accounting import (
     fresh_category,
     weight_tensors,
 )
+from memfit.plan.work_count import WorkCount
+from memfit.techniques.work import Work
 
 _SELECTIONS = {torch.ops.aten.nonzero.default, torch.ops.aten.index.Tensor,
                torch.ops.aten.masked_select.default}
@@ -61,6 +63,7 @@ class TraceResult:
     peak_without_grads: dict[str, int]
     backward_without_grads: dict[str, int]
     host_peak_bytes: int  # activations held in host memory by offload
+    work: Work  # what the forward and backward ask of the device (work_count.py)
 
 
 class LiveBytes(TorchDispatchMode):
@@ -84,6 +87,7 @@ class LiveBytes(TorchDispatchMode):
         self._promotions: list[tuple[int, int, int, int, int]] = []  # first, last, from, to, bytes
         self.host_bytes = 0
         self.host_peak_bytes = 0
+        self.work = WorkCount()
         self.pack_hook = self._pack
 
     # ---- results ----------------------------------------------------------------------
@@ -92,7 +96,8 @@ class LiveBytes(TorchDispatchMode):
         moments = len(self._timeline) // width
         if not moments:
             empty = dict.fromkeys(CATEGORIES, 0)
-            return TraceResult(empty, dict(empty), dict(empty), self.host_peak_bytes)
+            return TraceResult(empty, dict(empty), dict(empty), self.host_peak_bytes,
+                               self.work.result())
         # Promotions as a difference array over moments, then a running sum.
         changes: dict[int, list[int]] = {}
         for first, last, old, new, nbytes in self._promotions:
@@ -119,7 +124,7 @@ class LiveBytes(TorchDispatchMode):
                 best_backward = values
         return TraceResult(*(dict(zip(CATEGORIES, split, strict=True))
                              for split in (best_all, best_nograd, best_backward)),
-                           self.host_peak_bytes)
+                           self.host_peak_bytes, self.work.result())
 
     # ---- registration -----------------------------------------------------------------
     def add(self, tensor: torch.Tensor, category: int) -> None:
@@ -157,6 +162,7 @@ class LiveBytes(TorchDispatchMode):
             out = _keep_everything(func, args)
         else:
             out = func(*args, **kwargs)
+        self.work.count(func, args, kwargs, out)
         category = fresh_category(self.pack_hook)
         for tensor in out if isinstance(out, (tuple, list)) else (out,):
             if (isinstance(tensor, torch.Tensor)
@@ -200,6 +206,7 @@ def _offload_hooks(live: LiveBytes) -> torch.autograd.graph.saved_tensors_hooks:
         # tokens).
         nbytes = tensor.numel() * tensor.element_size()
         live.host_bytes += nbytes
+        live.work.host_copy += nbytes
         live.host_peak_bytes = max(live.host_peak_bytes, live.host_bytes)
         weakref.finalize(copy, _release, live, nbytes)
         return copy

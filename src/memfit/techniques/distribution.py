@@ -24,6 +24,13 @@ from memfit.distributed import fsdp
 from memfit.distributed.ddp import Replicas
 from memfit.techniques import checkpointing, quantized_shards, registry
 from memfit.techniques.distribution_moments import ddp_moments, fsdp_moments, no_moments
+from memfit.techniques.distribution_traffic import (
+    Traffic,
+    TrafficSizes,
+    ddp_traffic,
+    fsdp_traffic,
+    no_traffic,
+)
 from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.optimizers.build import projects_in_backward
 from memfit.techniques.optimizers.registry import spec_for
@@ -45,6 +52,8 @@ class StrategySpec:
     refusal: Callable[[Config], str | None]
     # The peak moments it adds to a training step (distribution_moments.py).
     moments: Callable[[StepBytes, Config], list[Moment]] = no_moments
+    # Bytes each process sends per optimizer step (distribution_traffic.py).
+    traffic: Callable[[TrafficSizes, Config], Traffic] = no_traffic
 
 
 def _trains_everything(config: Config) -> None:
@@ -93,10 +102,12 @@ STRATEGIES = {
                                            refusal=_trains_everything),
     DistributedStrategy.DDP: StrategySpec(DistributedStrategy.DDP, _whole, _replicas,
                                           divides_training_state=False,
-                                          refusal=_trains_everything, moments=ddp_moments),
+                                          refusal=_trains_everything, moments=ddp_moments,
+                                          traffic=ddp_traffic),
     DistributedStrategy.FSDP: StrategySpec(DistributedStrategy.FSDP, _sharded, _no_replicas,
                                            divides_training_state=True,
-                                           refusal=_fsdp_refusal, moments=fsdp_moments),
+                                           refusal=_fsdp_refusal, moments=fsdp_moments,
+                                           traffic=fsdp_traffic),
 }
 
 

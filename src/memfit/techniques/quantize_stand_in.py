@@ -89,6 +89,13 @@ class QuantizedLinear(nn.Module):
         return out.to(x.dtype) if self.path == "matmul4bit" else out
 
 
+def _dequantized(shape: tuple[int, int], dtype: torch.dtype, device: torch.device
+                 ) -> torch.Tensor:
+    """The dense weight a dequantization writes: filled in place (no storage beyond the
+    one bitsandbytes allocates), so the planner's trace counts the bytes it writes."""
+    return torch.empty(shape, dtype=dtype, device=device).zero_()
+
+
 class _MatMul4Bit(torch.autograd.Function):
     """x [..., in] (compute dtype) @ W^T, W [out, in]. Forward: W dequantized to x's dtype
     for the matmul only (CUDA's path past a few rows of x; on CPU it happens inside one
@@ -99,12 +106,12 @@ class _MatMul4Bit(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, quantized, shape, quantized_from):  # noqa: ANN001
         ctx.shape, ctx.quantized_from = shape, quantized_from
-        return x @ torch.empty(shape, dtype=x.dtype, device=x.device).t()
+        return x @ _dequantized(shape, x.dtype, x.device).t()
 
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001
         # dequantize_4bit(...).to(grad.dtype): the first copy is gone before the matmul.
-        weight = torch.empty(ctx.shape, dtype=ctx.quantized_from, device=grad.device)
+        weight = _dequantized(ctx.shape, ctx.quantized_from, grad.device)
         weight = weight.to(grad.dtype)
         return grad @ weight, None, None, None
 
@@ -129,7 +136,7 @@ class _MatMul8bitLt(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # noqa: ANN001
         # ctx.kept lives until autograd releases this node, after backward returns.
-        weight = torch.empty(ctx.shape, dtype=ctx.kept.dtype, device=grad.device)
+        weight = _dequantized(ctx.shape, ctx.kept.dtype, grad.device)
         return grad.to(ctx.kept.dtype) @ weight, None, None
 
 
@@ -140,4 +147,4 @@ class _MatMul8bitFp(_MatMul8bitLt):
     @staticmethod
     def forward(ctx, x, quantized, shape):  # noqa: ANN001
         ctx.shape, ctx.kept = shape, x
-        return torch.nn.functional.linear(x, torch.empty(shape, dtype=x.dtype, device=x.device))
+        return torch.nn.functional.linear(x, _dequantized(shape, x.dtype, x.device))

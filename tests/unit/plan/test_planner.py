@@ -54,11 +54,13 @@ def test_json_schema_is_the_documented_one_and_the_table_marks_the_choice():
     assert "full-adamw  " in format_plan(planned, config)
     assert "yes <- recommended" in format_plan(planned, config)
     result = planned.to_json()
-    assert set(result) == {"device", "device_assumed", "devices", "config", "strategies",
-                           "skipped", "recommended", "reason"}
+    assert set(result) == {"device", "device_assumed", "device_profile", "devices", "config",
+                           "strategies", "skipped", "recommended", "recommended_step_seconds",
+                           "reason"}
     assert result["device"] == "cpu" and result["device_assumed"] is False
+    assert result["device_profile"] == {"name": "cpu", "source": "calibrated"}
     estimate_keys = {"bytes", "peak_tensor_bytes", "device_overhead_bytes", "host_bytes",
-                     "peak_moment"}
+                     "peak_moment", "step_seconds", "tokens_per_second", "step_parts"}
     assert set(result["config"]) == estimate_keys | {"distributed"}
     assert result["config"]["peak_moment"] == {"name": planned.config.peak_moment.name,
                                                "why": planned.config.peak_moment.why}
@@ -69,7 +71,9 @@ def test_json_schema_is_the_documented_one_and_the_table_marks_the_choice():
         assert set(row) == estimate_keys | {"name", "distributed", "overrides", "fits"}
         assert row["distributed"] == "none"
     assert result["devices"] == 1 and result["config"]["distributed"] == "none"
-    assert result["recommended"] == "full-adamw"  # everything fits; the first is preferred
+    # Everything fits; the first method is preferred, at its fastest level (no recomputation).
+    assert result["recommended"] == "full-adamw"
+    assert result["recommended_step_seconds"] > 0
     json.dumps(result)
 
 

@@ -20,6 +20,7 @@ from memfit.techniques.optimizers.spec import (
     ParamCost,
     per_param,
 )
+from memfit.techniques.optimizers.step_work import ADAFACTOR, streaming
 
 
 def _factory(config: Config) -> Factory:
@@ -39,4 +40,4 @@ def _cost(param: Param, config: Config) -> ParamCost:
 SPEC = OptimizerSpec(
     name="adafactor",
     docs_row=("`torch.optim.Adafactor` (see below)", "(m + n) x 4 bytes per m x n matrix"),
-    factory=_factory, costs=per_param(_cost), steps_local_rows=True)
+    factory=_factory, costs=per_param(_cost), step_work=streaming(ADAFACTOR), steps_local_rows=True)

@@ -26,6 +26,7 @@ from memfit.techniques.optimizers.spec import (
     largest_scratch,
     per_param,
 )
+from memfit.techniques.optimizers.step_work import ADAMW, streaming
 
 # Adam's defaults (Loshchilov & Hutter 2019, as torch.optim.AdamW).
 ADAM_OPTIONS = {"betas": (0.9, 0.999), "eps": 1e-8}
@@ -67,7 +68,7 @@ SPEC = OptimizerSpec(
     bench=(BenchLine("adamw", {"optimizer.name": "adamw"},
                      (PLAIN, LAYERWISE, PURE, PURE_LAYERWISE)),),
     factory=_factory,
-    costs=per_param(_cost),
+    costs=per_param(_cost), step_work=streaming(ADAMW),
     step_scratch=_step_scratch,
     rounds_stochastically=True,
     # 8-bit AdamW rounds to nearest, so bf16-pure weights keep memfit's AdamW.

@@ -21,6 +21,7 @@ from memfit.techniques.optimizers.spec import (
     ParamCost,
     per_param,
 )
+from memfit.techniques.optimizers.step_work import ADAMW8BIT, streaming
 
 # bitsandbytes 8-bit optimizers keep fp32 state for tensors smaller than this.
 BNB_MIN_8BIT_SIZE = 4096
@@ -64,11 +65,13 @@ SPEC = OptimizerSpec(
     docs_row=("`bitsandbytes.optim.AdamW8bit` (block-wise 8-bit moments; tensors under 4096 "
               "values keep fp32 moments)", "~2 bytes"),
     options=ADAM_OPTIONS, factory=_factory(paged=False), costs=per_param(_cost),
+    step_work=streaming(ADAMW8BIT),
     steps_local_rows=True)
 PAGED_SPEC = OptimizerSpec(
     name="paged_adamw8bit",
     docs_row=("`bitsandbytes.optim.PagedAdamW8bit`; needs CUDA (a clear error on CPU)",
               "~2 bytes, paged to host under pressure"),
     options=ADAM_OPTIONS, factory=_factory(paged=True), costs=per_param(_cost),
+    step_work=streaming(ADAMW8BIT),
     fsdp_refusal=_paged_refusal,
     bench=())  # CUDA only: the CPU benchmark cannot run it

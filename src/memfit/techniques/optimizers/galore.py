@@ -39,6 +39,8 @@ from memfit.techniques.optimizers.spec import (
     ParamCost,
     per_param,
 )
+from memfit.techniques.optimizers.step_work import ADAFACTOR, ADAMW, ADAMW8BIT
+from memfit.techniques.work import Work, matmul, memory
 
 _SKETCH_OVERSAMPLE = 8  # memfit.optim.projectors.randomized_svd_basis
 
@@ -89,6 +91,45 @@ def _cost(param: Param, config: Config) -> ParamCost:
         update += 2 * 4 * small * large
     refresh = _refresh_scratch(group["projector"], small, rank, large)
     return ParamCost(state, widened + max(refresh, update), buffer)
+
+
+_INNER = {GaloreInner.ADAMW: ADAMW, GaloreInner.ADAMW8BIT: ADAMW8BIT,
+          GaloreInner.ADAFACTOR: ADAFACTOR}
+
+
+def _refresh_flops(projector: str, small: int, rank: int, large: int) -> int:
+    """FLOPs of one projector refresh of an s x l gradient (Golub & Van Loan's counts for
+    the SVD: ~4 s^2 l + 8 s^3 for U, S and V^T; randomized SVD: the sketch, a QR and
+    the small SVD of k = r + 8 columns; online: three s x l x r products)."""
+    if projector == GaloreProjector.SVD.value:
+        return 4 * small * small * large + 8 * small**3
+    if projector == GaloreProjector.RANDOMIZED_SVD.value:
+        sketch = min(rank + _SKETCH_OVERSAMPLE, small)
+        return 4 * sketch * small * large + 4 * sketch * sketch * (small + large)
+    if projector == GaloreProjector.ONLINE.value:
+        return 3 * 2 * small * large * rank
+    return small * rank  # random / apollo_mini: a Gaussian P
+
+
+def _step_work(params: list[Param], costs: list[ParamCost], config: Config) -> Work:
+    """Per projected weight (s x l gradient g, rank r): R = P^T g and the update P N
+    (4 r s l FLOPs), the inner rule on R (r x l), the weight's update from the full-size
+    direction (4 passes of s x l); the refresh amortised over update_gap steps. Other
+    parameters: the inner rule over them."""
+    galore = config.optimizer.galore
+    inner = _INNER[galore.inner]
+    total = Work()
+    for param in params:
+        sides = GaLore.projection(param.shape, group_settings(config, param.projected))
+        if sides is None:
+            total = total.plus(inner.of(param.numel))
+            continue
+        small, rank, large = sides
+        refresh = _refresh_flops(galore.projector.value, small, rank, large)
+        total = total.plus(inner.of(rank * large)).plus(
+            matmul(4 * rank * small * large + refresh // galore.update_gap, "float32", 2)
+        ).plus(memory(4 * 4 * small * large, 4))
+    return total
 
 
 def _row_shard_state(param: Param, config: Config, rows: int) -> int:
@@ -166,5 +207,6 @@ SPEC = OptimizerSpec(
               "calls CUDA on CPU)", "P (s x r, fp32) + inner moments on r x l"),
     options={**ADAM_OPTIONS, "galore": None}, ignored=_IGNORED, bench=_BENCH,
     factory=_factory, costs=per_param(_cost), targets=_targets,
+    step_work=_step_work,
     rounds_stochastically=True, steps_local_rows=True, row_shard_state=_row_shard_state,
     fsdp_refusal=_fsdp_refusal, cheaper=_cheaper)

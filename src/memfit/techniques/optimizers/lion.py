@@ -11,6 +11,7 @@ from memfit.config.schema import Config
 from memfit.optim.lion import Lion
 from memfit.techniques.optimizers.options import resolved_option
 from memfit.techniques.optimizers.spec import Factory, OptimizerSpec, Param, ParamCost, per_param
+from memfit.techniques.optimizers.step_work import LION, streaming
 
 LION_OPTIONS = {"betas": (0.9, 0.99)}  # the paper's defaults
 
@@ -29,4 +30,5 @@ SPEC = OptimizerSpec(
     docs_row=("`memfit.optim.Lion` (Chen et al. 2023): every coordinate moves by lr in the "
               "sign of interpolated momentum and gradient; use a learning rate 3-10x below "
               "AdamW's", "4 bytes (fp32)"),
-    options=LION_OPTIONS, factory=_factory, costs=per_param(_cost), steps_local_rows=True)
+    options=LION_OPTIONS, factory=_factory, costs=per_param(_cost),
+    step_work=streaming(LION), steps_local_rows=True)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import torch
 
 from memfit.techniques.optimizers.spec import OptimizerSpec, ParamCost, per_param
+from memfit.techniques.optimizers.step_work import SGD, streaming
 
 SPEC = OptimizerSpec(
     name="sgd",
     docs_row=("`torch.optim.SGD`", "none"),
     bench=(),  # no state: nothing for the memory benchmark to compare
     factory=lambda config: lambda groups: torch.optim.SGD(groups, lr=config.optimizer.lr),
-    costs=per_param(lambda param, config: ParamCost(0, 0, param.nbytes)))
+    costs=per_param(lambda param, config: ParamCost(0, 0, param.nbytes)),
+    step_work=streaming(SGD))

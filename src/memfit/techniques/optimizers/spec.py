@@ -20,6 +20,7 @@ from memfit.config.ignored import Rule
 from memfit.config.schema import Config
 from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.optimizers.step_moments import step_moments
+from memfit.techniques.optimizers.step_work import OTHER, StepWork, streaming
 
 # A function building the optimizer over parameter groups (build.parameter_groups).
 Factory = Callable[[list[dict]], Optimizer]
@@ -131,6 +132,9 @@ class OptimizerSpec:
     # Its peak moments in a training step (the planner takes the largest of every
     # contributor's): the optimizer step, or layer-wise updates inside backward.
     moments: Callable[[StepBytes, Config], list[Moment]] = step_moments
+    # What its step asks of the device (step_work.py): the planner's time for it. The
+    # default: an element-wise update of 12 passes and 8 ops per parameter.
+    step_work: StepWork = streaming(OTHER)
 
 
 def bench_lines(spec: OptimizerSpec) -> tuple[BenchLine, ...]:

@@ -1,0 +1,250 @@
+"""Device profiles: how fast a device runs the planner's work (techniques.work), measured
+here (``memfit env --calibrate``, calibrate.py) or built in for common GPUs from vendor
+figures (``BUILTIN``; docs/planner.md lists them and their sources).
+
+A profile holds throughput tables by the size of one call (a 64 x 64 matmul runs at a
+small fraction of a large one's rate), a per-op host cost (Python, autograd and the
+dispatcher; on CUDA also the kernel launch), the host link (activation and optimizer
+offload) and the interconnect (DDP/FSDP collectives). A calibrated profile is cached as
+JSON in the user's cache folder per device, torch version and CPU thread count; it is
+data: read back field by field and validated, never executed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from memfit._utils.errors import ConfigError
+from memfit.config.devices import DATASHEETS, Datasheet
+
+GIB = 2**30
+# (size of one call, throughput at that size): FLOPs and FLOP/s, or bytes and bytes/s;
+# sorted by size, interpolated log-linearly between points (rates.py).
+Table = tuple[tuple[float, float], ...]
+PROFILE_VERSION = 2  # of the cache's format: a cache of another version is measured again
+CACHE_ENV = "MEMFIT_CACHE_DIR"
+
+
+@dataclass(frozen=True)
+class DeviceProfile:
+    name: str  # "cpu", "nvidia-h100-80gb-hbm3", or a builtin's key ("h100")
+    source: str  # "calibrated" or "builtin"
+    matmul: dict[str, Table]  # compute dtype name -> FLOP/s by FLOPs per call
+    memory: Table  # bytes/s by bytes moved per call
+    op_seconds: float  # host time per op dispatched
+    host_link: float  # bytes/s device <-> host (pinned copies; a memcpy on CPU)
+    host_memory: float  # bytes/s of the host's own memory (an optimizer step offloaded there)
+    host_flops: float  # FLOP/s of the host's fp32 matmuls and factorizations (GaLore's SVD)
+    interconnect: float  # bytes/s each process sends in a collective (ring algorithms)
+    collective_seconds: float  # the fixed latency of one collective
+    asynchronous: bool  # ops are queued while the device works (CUDA): host time overlaps
+    memory_bytes: int | None = None  # the device's memory (a builtin's budget default)
+    note: str = ""  # where the figures come from
+
+    def to_json(self) -> dict[str, Any]:
+        return {"version": PROFILE_VERSION, "name": self.name, "source": self.source,
+                "matmul": {dtype: [list(point) for point in table]
+                           for dtype, table in self.matmul.items()},
+                "memory": [list(point) for point in self.memory],
+                "op_seconds": self.op_seconds, "host_link": self.host_link,
+                "host_memory": self.host_memory, "host_flops": self.host_flops,
+                "interconnect": self.interconnect,
+                "collective_seconds": self.collective_seconds,
+                "asynchronous": self.asynchronous, "memory_bytes": self.memory_bytes,
+                "note": self.note}
+
+
+def _ramp(peak: float, half_size: float) -> Table:
+    """A builtin's table: ``peak`` approached as calls grow, half of it at ``half_size``
+    (fixed per-call costs: tiles that do not fill the device, memory latency)."""
+    sizes = [2.0**k for k in range(10, 42, 2)]
+    return tuple((size, peak * size / (size + half_size)) for size in sizes)
+
+
+# Achieved / datasheet: large GEMMs in cuBLAS reach 60-75% of the tensor-core peak, and
+# streaming kernels ~80% of the memory bandwidth (NVIDIA's and others' published
+# measurements); pinned PCIe copies ~80% of the link; NCCL's ring bus bandwidth ~70%.
+MATMUL_EFFICIENCY, BANDWIDTH_EFFICIENCY, LINK_EFFICIENCY, COLLECTIVE_EFFICIENCY = (
+    0.65, 0.8, 0.8, 0.7)
+# Eager PyTorch's host cost per op in a training step (Python, autograd, dispatch, launch).
+GPU_OP_SECONDS = 10e-6
+# An offloaded optimizer step runs on the host CPU with torch ops: a server's memory
+# bandwidth as a few threads reach it, and a fraction of its cores' fp32 peak.
+GPU_HOST_MEMORY, GPU_HOST_FLOPS = 20e9, 200e9
+# NCCL's latency per collective within a node (tens of microseconds); gloo's on one CPU host
+# (its TCP loopback and a thread hand-off per call: hundreds).
+NCCL_SECONDS, GLOO_SECONDS = 30e-6, 300e-6
+
+# Planning for cuda where no GPU is here: the profile assumed (a common 24 GB card).
+ASSUMED_GPU = "rtx-4090"
+
+
+def _builtin(key: str, sheet: Datasheet) -> DeviceProfile:
+    tera, giga = 1e12, 1e9
+    # Half the peak at ~10 us of work per call: a small matmul does not fill the device.
+    matmul = {"float32": _ramp(sheet.fp32_tflops * tera * MATMUL_EFFICIENCY,
+                               sheet.fp32_tflops * tera * 10e-6),
+              "float16": _ramp(sheet.fp16_tflops * tera * MATMUL_EFFICIENCY,
+                               sheet.fp16_tflops * tera * 10e-6)}
+    # Without bf16 tensor cores (T4), bf16 matmuls run on the CUDA cores.
+    bf16 = sheet.bf16_tflops or sheet.fp32_tflops
+    matmul["bfloat16"] = _ramp(bf16 * tera * MATMUL_EFFICIENCY, bf16 * tera * 10e-6)
+    bandwidth = sheet.bandwidth_gbs * giga * BANDWIDTH_EFFICIENCY
+    return DeviceProfile(
+        key, "builtin", matmul, _ramp(bandwidth, bandwidth * 5e-6), GPU_OP_SECONDS,
+        sheet.host_link_gbs * giga * LINK_EFFICIENCY, GPU_HOST_MEMORY, GPU_HOST_FLOPS,
+        sheet.interconnect_gbs * giga * COLLECTIVE_EFFICIENCY, NCCL_SECONDS, True,
+        int(sheet.memory_gib * GIB),
+        f"{sheet.label}: {sheet.source}; matmul x{MATMUL_EFFICIENCY}, memory "
+        f"x{BANDWIDTH_EFFICIENCY}, host link x{LINK_EFFICIENCY}, collectives "
+        f"x{COLLECTIVE_EFFICIENCY} of the datasheet")
+
+
+BUILTIN: dict[str, DeviceProfile] = {key: _builtin(key, sheet)
+                                     for key, sheet in DATASHEETS.items()}
+
+
+def builtin(name: str) -> DeviceProfile:
+    """A builtin profile by name (--device NAME); a ConfigError naming the choices."""
+    if name not in BUILTIN:
+        raise ConfigError(f"--device {name!r} is not one of: cuda, cpu, {', '.join(BUILTIN)}")
+    return BUILTIN[name]
+
+
+def datasheet_rows() -> list[tuple[str, str, str]]:
+    """(name, what the figures are, source) per builtin profile: docs/planner.md's list."""
+    rows = []
+    for key, sheet in DATASHEETS.items():
+        bf16 = f"{sheet.bf16_tflops:g}" if sheet.bf16_tflops else "-"
+        rows.append((key, f"{sheet.label}: bf16 {bf16} / fp16 {sheet.fp16_tflops:g} / fp32 "
+                          f"{sheet.fp32_tflops:g} TFLOPS, {sheet.bandwidth_gbs:g} GB/s, host "
+                          f"link {sheet.host_link_gbs:g} GB/s, interconnect "
+                          f"{sheet.interconnect_gbs:g} GB/s", sheet.source))
+    return rows
+
+
+# ---- the local device's calibrated profile -----------------------------------------------
+
+def local_name(device: str) -> str:
+    """What a calibration of ``device`` ("cpu" or "cuda") is filed under."""
+    if device == "cuda":
+        return torch.cuda.get_device_name(0).lower().replace(" ", "-")
+    return "cpu"
+
+
+def cache_path(device: str) -> Path:
+    """The cache file of this machine's ``device`` for this torch and thread count."""
+    root = os.environ.get(CACHE_ENV) or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "memfit")
+    threads = f"-threads{torch.get_num_threads()}" if device == "cpu" else ""
+    return (Path(root) / "devices"
+            / f"{local_name(device)}-torch{torch.__version__}{threads}.json")
+
+
+def read_cached(path: Path, device: str) -> DeviceProfile | None:
+    """The profile cached at ``path``, or None when there is none (or it is of another
+    format version); a ConfigError naming the file when it is damaged or was written for
+    another device."""
+    if not path.exists():
+        return None
+    fix = "delete it or run `memfit env --calibrate` to measure this machine again"
+    try:
+        data = json.loads(path.read_text())
+        if isinstance(data, dict) and isinstance(data.get("version"), int) and (
+                data["version"] != PROFILE_VERSION):
+            return None  # written by another memfit release: calibrate again
+        profile = _profile_from(data)
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ConfigError(f"calibration cache {path} is damaged ({reason}); {fix}") from None
+    if profile.name != local_name(device) or profile.source != "calibrated":
+        raise ConfigError(f"calibration cache {path} is for {profile.name!r} "
+                          f"({profile.source}), not this machine's {local_name(device)!r}; {fix}")
+    return profile
+
+
+def _profile_from(data: Any) -> DeviceProfile:
+    """A DeviceProfile from its JSON, every field checked (ValueError / KeyError /
+    TypeError on anything else)."""
+    if not isinstance(data, dict) or data.get("version") != PROFILE_VERSION:
+        raise ValueError(f"not a version-{PROFILE_VERSION} device profile")
+    matmul = data["matmul"]
+    if not isinstance(matmul, dict) or not matmul:
+        raise ValueError("matmul: expected a table per dtype")
+    memory_bytes = data["memory_bytes"]
+    if memory_bytes is not None and (not isinstance(memory_bytes, int) or memory_bytes <= 0):
+        raise ValueError("memory_bytes: expected a positive integer or null")
+    if not isinstance(data["asynchronous"], bool):
+        raise ValueError("asynchronous: expected true or false")
+    return DeviceProfile(
+        _text(data["name"], "name"), _text(data["source"], "source"),
+        {_text(dtype, "matmul dtype"): _table(table, f"matmul.{dtype}")
+         for dtype, table in matmul.items()},
+        _table(data["memory"], "memory"), _positive(data["op_seconds"], "op_seconds"),
+        _positive(data["host_link"], "host_link"), _positive(data["host_memory"], "host_memory"),
+        _positive(data["host_flops"], "host_flops"),
+        _positive(data["interconnect"], "interconnect"),
+        _positive(data["collective_seconds"], "collective_seconds"), data["asynchronous"],
+        memory_bytes,
+        _text(data["note"], "note", allow_empty=True))
+
+
+def _text(value: Any, key: str, allow_empty: bool = False) -> str:
+    if not isinstance(value, str) or (not value and not allow_empty) or len(value) > 500:
+        raise ValueError(f"{key}: expected a short string")
+    return value
+
+
+def _positive(value: Any, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) and value > 0):
+        raise ValueError(f"{key}: expected a positive number, got {value!r}")
+    return float(value)
+
+
+def _table(value: Any, key: str) -> Table:
+    if not isinstance(value, list) or not value or len(value) > 64:
+        raise ValueError(f"{key}: expected a list of [size, rate] points")
+    points = tuple((_positive(point[0], key), _positive(point[1], key))
+                   for point in value if isinstance(point, list) and len(point) == 2)
+    if len(points) != len(value) or list(points) != sorted(points):
+        raise ValueError(f"{key}: expected [size, rate] points sorted by size")
+    return points
+
+
+@dataclass(frozen=True)
+class PlannedDevice:
+    """What ``--device`` names: the kind of device the bytes are planned for, the profile
+    its step times come from, and the line to show when it was just calibrated."""
+
+    kind: str  # "cuda" (CUDA context and allocator slack counted) or "cpu"
+    profile: DeviceProfile
+    calibrated: str | None = None  # "calibrated this machine's cpu once (5 s): PATH"
+
+    @property
+    def label(self) -> str:
+        return self.profile.name
+
+
+def planned_device(device: str) -> PlannedDevice:
+    """``cuda`` / ``cpu`` (this machine's, calibrated on first use and cached) or a builtin
+    GPU's name; ``cuda`` where no GPU is here takes ``ASSUMED_GPU``'s builtin profile."""
+    if device == "cpu" or (device == "cuda" and torch.cuda.is_available()):
+        cached = read_cached(cache_path(device), device)
+        if cached is not None:
+            return PlannedDevice(device, cached)
+        from memfit.plan.calibrate import calibrate_and_cache
+
+        profile, path, took = calibrate_and_cache(device)
+        return PlannedDevice(device, profile, f"calibrated this machine's {profile.name} once "
+                                              f"for step times ({took:.0f} s), kept in {path}")
+    if device == "cuda":
+        return PlannedDevice("cuda", BUILTIN[ASSUMED_GPU])
+    return PlannedDevice("cuda", builtin(device))

@@ -1,0 +1,103 @@
+"""The work of every op the planner's trace dispatches (trace.py), as techniques.work counts
+it: matmul FLOPs from the shapes (torch's own FLOP formulas, torch.utils.flop_counter),
+bytes moved by the other ops, and one launch per op.
+
+- Matmuls, convolutions and attention: ``flop_registry``'s formula of the op (and of CPU's
+  flash attention, which the registry does not name, by its CUDA twin's: same arguments).
+  A causal attention kernel skips the blocks above the diagonal: half the FLOPs.
+- Views, ``empty`` and other ops that move no data: a launch only.
+- Gathers (embedding lookup, index_select, gather): the rows they read, not the table;
+  fills (zeros, zero_; QLoRA's stand-in dequantization): the bytes they write.
+- Every other op: the bytes of its tensor inputs and outputs (read once, written once).
+
+Checkpointing's recomputation, the tiled MLP's chunks and the chunked loss run in the trace
+as they run in training, so their work is counted here, op by op, with no rule of its own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import flop_registry
+
+from memfit.techniques.work import Key, Work, size_class
+
+aten = torch.ops.aten
+
+# CPU's fused attention, priced by the formulas of the CUDA op with the same arguments.
+_SAME_FORMULA = {
+    aten._scaled_dot_product_flash_attention_for_cpu: aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward:
+        aten._scaled_dot_product_flash_attention_backward,
+}
+_ATTENTION = {aten._scaled_dot_product_flash_attention_for_cpu,
+              aten._scaled_dot_product_flash_attention_for_cpu_backward,
+              aten._scaled_dot_product_flash_attention,
+              aten._scaled_dot_product_flash_attention_backward,
+              aten._scaled_dot_product_efficient_attention,
+              aten._scaled_dot_product_efficient_attention_backward,
+              aten._scaled_dot_product_cudnn_attention,
+              aten._scaled_dot_product_cudnn_attention_backward}
+_NO_DATA = {aten.empty, aten.empty_strided, aten.empty_like, aten.new_empty,
+            aten.new_empty_strided, aten.detach, aten.alias, aten.lift_fresh, aten.set_,
+            aten.resize_, aten._local_scalar_dense, aten.sym_size, aten.sym_stride,
+            aten.sym_numel, aten.sym_storage_offset}
+# Ops that read some rows of their first argument: the output's bytes, not the source's.
+_GATHERS = {aten.embedding, aten.index_select, aten.index, aten.gather, aten.take}
+# Ops that only write their output (a fill; the planner's stand-in of a dequantization).
+_WRITES = {aten.zero_, aten.fill_, aten.zeros, aten.ones, aten.full, aten.zeros_like,
+           aten.ones_like, aten.full_like}
+
+
+class WorkCount:
+    """Mutable totals while tracing; ``result()`` is the Work."""
+
+    def __init__(self) -> None:
+        self.calls: dict[Key, int] = {}
+        self.amounts: dict[Key, int] = {}
+        self.launches = 0
+        self.host_copy = 0
+
+    def result(self) -> Work:
+        return Work(dict(self.calls), dict(self.amounts), self.launches, self.host_copy)
+
+    def count(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        self.launches += 1
+        packet = func.overloadpacket
+        if packet in _NO_DATA or func.is_view:
+            return
+        formula = flop_registry.get(_SAME_FORMULA.get(packet, packet))
+        if formula is not None:
+            flops = formula(*args, **kwargs, out_val=out)
+            if packet in _ATTENTION and _named(func, args, kwargs).get("is_causal"):
+                flops //= 2
+            dtype = next(t.dtype for t in tree_leaves(args) if isinstance(t, torch.Tensor))
+            self._add(("matmul", str(dtype).removeprefix("torch."), size_class(flops)), flops)
+            return
+        outputs = _nbytes(out)
+        if packet in _WRITES:
+            inputs = 0
+        elif packet in _GATHERS:
+            inputs = outputs
+        else:
+            inputs = _nbytes(args) + _nbytes(kwargs)
+        moved = inputs + outputs
+        if moved:
+            self._add(("memory", "", size_class(moved)), moved)
+
+    def _add(self, key: Key, amount: int) -> None:
+        self.calls[key] = self.calls.get(key, 0) + 1
+        self.amounts[key] = self.amounts.get(key, 0) + amount
+
+
+def _nbytes(tree: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(tree)
+               if isinstance(t, torch.Tensor))
+
+
+def _named(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The op's arguments by their schema names."""
+    names = [argument.name for argument in func._schema.arguments]
+    return {**dict(zip(names, args, strict=False)), **kwargs}

@@ -1,0 +1,60 @@
+"""What an optimizer step asks of the device (techniques.work), per optimizer spec: the
+planner's time model prices it (plan/step_time.py).
+
+An element-wise update streams over each parameter a number of times: ``passes`` counts
+parameter-sized fp32 tensors read or written per step (weight, gradient, each moment, and
+the temporaries of each op in between), ``launches`` the ops per parameter. Counted from
+the implementations (an op reading two tensors and writing one is three passes):
+
+- torch AdamW (foreach): lerp_ m (3), mul_ + addcmul_ v (5), sqrt (2), div_ + add_ of the
+  denominator (4), addcdiv_ into the weight (4), the decay's mul_ (2): 20 passes, 8 ops;
+- bitsandbytes AdamW8bit: one fused block-wise kernel reading weight, grad and 8-bit
+  moments and writing them back: ~4 passes, 2 ops;
+- Adafactor (foreach=False): row and column means of g^2 and the update: ~14 passes, 15 ops;
+- Lion: interpolation, sign, update and momentum: ~10 passes, 6 ops;
+- SGD: read the gradient, read and write the weight: 3 passes, 1 op;
+- anything else (a class path): 12 passes, 8 ops.
+
+GaLore adds its own (galore.py): the projections' matmuls and the refresh amortised over
+optimizer.galore.update_gap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from memfit.config.schema import Config
+from memfit.techniques.work import Work, memory
+
+if TYPE_CHECKING:  # spec.py imports this module for its default
+    from memfit.techniques.optimizers.spec import Param, ParamCost
+
+StepWork = Callable[[list["Param"], list["ParamCost"], Config], Work]
+
+
+@dataclass(frozen=True)
+class Passes:
+    passes: float  # fp32 parameter-sized tensors read or written per step
+    launches: int  # ops per parameter
+
+    def of(self, numel: int) -> Work:
+        """This update over ``numel`` values."""
+        return memory(int(self.passes * 4 * numel), self.launches)
+
+
+# The counts of the module docstring.
+ADAMW, ADAMW8BIT, ADAFACTOR = Passes(20, 8), Passes(4, 2), Passes(14, 15)
+LION, SGD, OTHER = Passes(10, 6), Passes(3, 1), Passes(12, 8)
+
+
+def streaming(update: Passes) -> StepWork:
+    """An element-wise step over every parameter (module docstring)."""
+    def work(params: list[Param], costs: list[ParamCost], config: Config) -> Work:
+        total = Work()
+        for param in params:
+            total = total.plus(update.of(param.numel))
+        return total
+
+    return work

@@ -1,0 +1,84 @@
+"""Work: what one piece of a training step asks of a device, by the resource it waits on.
+The planner prices it in seconds with a device profile (plan/devices.py, plan/step_time.py).
+
+- ``matmul``: FLOPs of matmuls, convolutions and attention, by compute dtype and by the
+  size of one call (a small matmul runs far below a device's peak);
+- ``memory``: bytes read and written by every other op that touches data (element-wise
+  ops, norms, softmax, casts, copies, the optimizer's update), by the size of one call;
+- ``launches``: every op dispatched, views and metadata ops included: each costs the host a
+  fixed time (Python, autograd and the dispatcher; on CUDA a kernel launch);
+- ``host_copy``: bytes copied device -> host (activation offload: the same bytes come back
+  in backward), priced at the device's host link.
+
+Calls are grouped by size in powers of two (``size_class``), so a trace of a 70B model's
+stand-ins stays a few dozen numbers and extrapolates in depth like the bytes do. Every
+field is linear in what it counts: ``plus``, ``times`` and ``grown`` keep it so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# (kind, dtype name, size class): kind "matmul" (FLOPs) or "memory" (bytes); dtype "" for
+# memory work.
+Key = tuple[str, str, int]
+
+
+def size_class(amount: int) -> int:
+    """The power of two an amount per call rounds down to (0 for 0 or 1)."""
+    return max(amount, 1).bit_length() - 1
+
+
+@dataclass(frozen=True)
+class Work:
+    calls: dict[Key, int] = field(default_factory=dict)  # kernels of each key
+    amounts: dict[Key, int] = field(default_factory=dict)  # their FLOPs or bytes
+    launches: int = 0  # every op dispatched (views included)
+    host_copy: int = 0  # bytes device -> host (and as many back)
+
+    def plus(self, other: Work) -> Work:
+        return Work(_sum(self.calls, other.calls), _sum(self.amounts, other.amounts),
+                    self.launches + other.launches, self.host_copy + other.host_copy)
+
+    def times(self, factor: int) -> Work:
+        return Work({k: v * factor for k, v in self.calls.items()},
+                    {k: v * factor for k, v in self.amounts.items()},
+                    self.launches * factor, self.host_copy * factor)
+
+    def grown(self, deeper: Work, extra: int) -> Work:
+        """``self`` plus ``extra`` times the increment from ``self`` to ``deeper`` (one more
+        block), each count at least 0: a model ``extra`` blocks deeper."""
+        def grow(a: int, b: int) -> int:
+            return max(0, a + (b - a) * extra)
+
+        keys = [*self.calls, *(k for k in deeper.calls if k not in self.calls)]
+        return Work({k: grow(self.calls.get(k, 0), deeper.calls.get(k, 0)) for k in keys},
+                    {k: grow(self.amounts.get(k, 0), deeper.amounts.get(k, 0)) for k in keys},
+                    grow(self.launches, deeper.launches), grow(self.host_copy, deeper.host_copy))
+
+    @property
+    def flops(self) -> int:
+        return sum(v for (kind, _, _), v in self.amounts.items() if kind == "matmul")
+
+    @property
+    def memory_bytes(self) -> int:
+        return sum(v for (kind, _, _), v in self.amounts.items() if kind == "memory")
+
+
+def matmul(flops: int, dtype: str, calls: int = 1) -> Work:
+    """``calls`` matmuls of ``flops`` in all, in ``dtype``."""
+    key = ("matmul", dtype, size_class(flops // max(calls, 1)))
+    return Work({key: calls}, {key: flops}, calls)
+
+
+def memory(nbytes: int, calls: int = 1) -> Work:
+    """``calls`` memory-bound ops moving ``nbytes`` in all."""
+    key = ("memory", "", size_class(nbytes // max(calls, 1)))
+    return Work({key: calls}, {key: nbytes}, calls)
+
+
+def _sum(a: dict[Key, int], b: dict[Key, int]) -> dict[Key, int]:
+    out = dict(a)
+    for key, value in b.items():
+        out[key] = out.get(key, 0) + value
+    return out
