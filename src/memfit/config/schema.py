@@ -340,7 +340,22 @@ class MemoryConfig:
         "Checkpoint every k-th block only (1: all), trading memory back for speed.",
         limits=(1, 10**6), default=1
     )
+    checkpoint_blocks: int | float | None = doc(
+        "memory.gradient_checkpointing: which blocks to checkpoint, counted from the input "
+        "side: a whole number N (the first N; 0: none) or a fraction in (0, 1] (that share "
+        "of the blocks, rounded up; 1.0: all, while 1 is the first block only); null: all. "
+        "memory.checkpoint_every applies within them: blocks 0, k, 2k, ... below N.",
+        limits=(0, 10**6), default=None,
+    )
     activation_offload: bool = doc("Keep saved activations in host memory.", default=False)
+    offload_blocks: int | float | None = doc(
+        "memory.activation_offload: which blocks' saved activations go to host memory, "
+        "counted from the input side as memory.checkpoint_blocks counts them: of a "
+        "checkpointed block its inputs, of any other block everything it saves. null: "
+        "every saved tensor, inside the blocks and outside them (embeddings, head, loss); a "
+        "number leaves everything outside the chosen blocks on the device.",
+        limits=(0, 10**6), default=None,
+    )
     optimizer_offload: bool = doc("Keep optimizer state in host memory.", default=False)
     chunked_loss: bool = doc(
         "Compute the LM loss in sequence chunks, never materialising full fp32 logits.",

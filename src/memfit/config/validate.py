@@ -71,6 +71,8 @@ def _check_numbers(config: Config) -> None:
         if not (math.isfinite(value) and inside(value)):
             raise ConfigError(f"{key} must be {valid}, got {value}")
     check_count("train.epochs", config.train.epochs, 0, MAX_EPOCHS)
+    for key in ("checkpoint_blocks", "offload_blocks"):
+        _check_share_of_blocks(f"memory.{key}", getattr(config.memory, key))
     betas = config.optimizer.betas
     if betas is not None and not all(math.isfinite(beta) and 0 <= beta < 1 for beta in betas):
         raise ConfigError(
@@ -81,6 +83,15 @@ def _check_numbers(config: Config) -> None:
         except ValueError as error:
             raise ConfigError(f"memory.budget: {error}") from None
         check_bytes("memory.budget", budget, config.memory.budget)
+
+
+def _check_share_of_blocks(key: str, value: int | float | None) -> None:
+    """A float is a share of the blocks, in (0, 1]; a count (>= 0) is a whole number, and
+    whether it is within the model's depth is known once the model is (techniques/blocks.py)."""
+    if isinstance(value, float) and not (math.isfinite(value) and 0 < value <= 1):
+        raise ConfigError(f"{key}={value} as a fraction of the blocks must be in (0, 1]; a "
+                          f"count of blocks is a whole number ({key}=4)")
+
 
 _ABOVE_ZERO = (lambda value: value > 0, "above 0 and finite")
 _ZERO_OR_MORE = (lambda value: value >= 0, "0 or more and finite")

@@ -6,12 +6,14 @@
 - Any other nn.Module: the chosen blocks' ``forward`` is replaced (on the instance, so
   parameter names and state_dict keys do not change) by a non-reentrant
   ``torch.utils.checkpoint`` of the original.
+
+Which blocks, and how many of them (memory.checkpoint_blocks, memory.checkpoint_every):
+techniques/blocks.py.
 """
 
 from __future__ import annotations
 
 import functools
-from fnmatch import fnmatchcase
 from typing import Any
 
 import torch.utils.checkpoint
@@ -19,6 +21,7 @@ from torch import nn
 
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import MemoryConfig
+from memfit.techniques import blocks
 
 
 class CheckpointedForward:
@@ -32,56 +35,34 @@ class CheckpointedForward:
                                                  **kwargs)
 
 
-def apply(model: nn.Module, config: MemoryConfig, is_transformers: bool) -> nn.Module:
+def apply(model: nn.Module, config: MemoryConfig, is_transformers: bool,
+          named: str = "this model") -> nn.Module:
     """A transformers model checkpoints its own layers; one that cannot (ResNet:
-    ``supports_gradient_checkpointing`` false) and any other module: its repeated blocks."""
+    ``supports_gradient_checkpointing`` false) and any other module: its repeated blocks.
+    Of the blocks, the first ``memory.checkpoint_blocks`` (every ``checkpoint_every``-th
+    of them) are checkpointed; ``named`` names the model in the error for a count beyond
+    its depth."""
     if is_transformers and getattr(model, "supports_gradient_checkpointing", True):
         enable = getattr(model, "activation_checkpointing_enable", None)
         if enable is None:  # transformers releases before the activation_* names
             model.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         else:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False},
-                   every_n_layers=config.checkpoint_every)
+            enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        layers = blocks.transformers_layers(model)
+        chosen = blocks.chosen_count("checkpoint_blocks", config.checkpoint_blocks,
+                                     len(layers), named)
+        # Every layer got the checkpoint function; its own flag says whether it runs
+        # under it (layers 0, k, 2k, ... below N, as transformers' every_n_layers counts).
+        for index, layer in enumerate(layers):
+            layer.gradient_checkpointing = index < chosen and index % config.checkpoint_every == 0
         return model
-    for block in choose_blocks(model, config)[::config.checkpoint_every]:
+    found = blocks.choose_blocks(model, config)
+    chosen = blocks.chosen_count("checkpoint_blocks", config.checkpoint_blocks, len(found),
+                                 named)
+    for block in found[:chosen][::config.checkpoint_every]:
         block.forward = CheckpointedForward(block.forward)
     return model
-
-
-def choose_blocks(model: nn.Module, config: MemoryConfig) -> list[nn.Module]:
-    """Blocks named by ``memory.checkpoint_modules`` (outermost only, in model order), or
-    by default the items of the largest ModuleList / Sequential (the repeated blocks)."""
-    if not config.checkpoint_modules:
-        return _largest_block_list(model)
-    chosen: list[tuple[str, nn.Module]] = []
-    for name, module in model.named_modules():
-        if not name or any(name.startswith(outer + ".") for outer, _ in chosen):
-            continue
-        if any(type(module).__name__ == p or fnmatchcase(name, p)
-               for p in config.checkpoint_modules):
-            chosen.append((name, module))
-    if not chosen:
-        classes = sorted({type(m).__name__ for n, m in model.named_modules() if n})
-        raise ConfigError(f"memory.checkpoint_modules={list(config.checkpoint_modules)} "
-                          f"matches no module; classes here: {', '.join(classes)}")
-    return [module for _, module in chosen]
-
-
-def _largest_block_list(model: nn.Module) -> list[nn.Module]:
-    # Repeated blocks: a container holding several modules of one class with weights.
-    def repeated(container: nn.Module) -> bool:
-        classes = [type(item) for item in container if any(True for _ in item.parameters())]
-        return len(classes) > 1 and len(set(classes)) == 1
-
-    containers = [module for module in model.modules()
-                  if isinstance(module, (nn.ModuleList, nn.Sequential)) and repeated(module)]
-    if not containers:
-        raise ConfigError("memory.gradient_checkpointing: this model has no nn.ModuleList or "
-                          "nn.Sequential of repeated blocks; name the blocks in "
-                          "memory.checkpoint_modules")
-    best = max(containers, key=lambda c: (sum(p.numel() for p in c.parameters()), len(c)))
-    return list(best)
 
 
 def checkpointed_blocks(model: nn.Module) -> int:
@@ -100,8 +81,22 @@ def checkpointed_blocks(model: nn.Module) -> int:
     return count
 
 
-def check_applied(model: nn.Module) -> None:
-    if checkpointed_blocks(model) == 0:
+def check_applied(model: nn.Module, config: MemoryConfig | None = None) -> None:
+    """As many blocks checkpointed (non-reentrant) as ``config`` asks for: exactly, for a
+    transformers model's layers (its flags could have been reset or made reentrant);
+    at least one otherwise, unless memory.checkpoint_blocks=0."""
+    config = config or MemoryConfig(gradient_checkpointing=True)
+    count = checkpointed_blocks(model)
+    layers = blocks.transformers_layers(model)
+    wrapped = any(isinstance(m.__dict__.get("forward"), CheckpointedForward)
+                  for m in model.modules())
+    if layers and not wrapped:
+        wanted = blocks.checkpointed_count(config, len(layers), "this model")
+        if count != wanted:
+            raise ConfigError(f"memory.gradient_checkpointing=true should checkpoint {wanted} "
+                              f"of this model's {len(layers)} blocks (non-reentrant), "
+                              f"{count} are")
+    elif count == 0 and config.checkpoint_blocks != 0:
         raise ConfigError("memory.gradient_checkpointing=true but no block of this model is "
                           "checkpointed (non-reentrant); name blocks in "
                           "memory.checkpoint_modules")

@@ -22,7 +22,8 @@ from torch.optim import Optimizer
 from memfit.config.schema import Config, DistributedStrategy, Precision
 from memfit.distributed import fsdp
 from memfit.distributed.ddp import Replicas
-from memfit.techniques import checkpointing, quantized_shards, registry
+from memfit.techniques import quantized_shards, registry
+from memfit.techniques.blocks import choose_blocks
 from memfit.techniques.distribution_moments import ddp_moments, fsdp_moments, no_moments
 from memfit.techniques.distribution_traffic import (
     Traffic,
@@ -81,7 +82,7 @@ def _sharded(model: nn.Module, setting: registry.Setting, device: torch.device) 
     model = registry.apply_stage("device", model, setting)
     quantized_shards.make_shardable(model)  # a quantized base: codes and scales as one uint8
     memory = setting.config.memory
-    blocks = checkpointing.choose_blocks(model, memory)
+    blocks = choose_blocks(model, memory)
     return fsdp.shard(model, blocks, setting.config.precision, device,
                       host_offload=memory.optimizer_offload)
 

@@ -48,6 +48,7 @@ __all__ = ["STAGES", "TECHNIQUES", "Setting", "Stage", "TechniqueSpec", "apply_s
 
 TECHNIQUES: tuple[TechniqueSpec, ...] = (
     checkpointing.SPEC,
+    activation_offload.SPEC,  # marks memory.offload_blocks' blocks, before PEFT renames them
     tiled_mlp.SPEC,
     adapters.SPEC,
     freeze_embeddings.SPEC,
@@ -56,7 +57,6 @@ TECHNIQUES: tuple[TechniqueSpec, ...] = (
     pure_bf16.SPEC,
     mixed_precision.SPEC,
     chunked_loss.SPEC,
-    activation_offload.SPEC,
     optimizer_offload.SPEC,
 )
 

@@ -56,7 +56,11 @@ def next_rung(config: Config) -> Rung | None:
         return None
     description = ", ".join(f"{key} {_value(config, key)} -> {value}"
                             for key, value in overrides.items())
-    return Rung(description, cheaper, needs_rebuild=not set(overrides) <= LIVE_KEYS)
+    # memory.offload_blocks: the blocks to offload are marked while the model is built.
+    marks_blocks = ("memory.activation_offload" in overrides
+                    and config.memory.offload_blocks is not None)
+    return Rung(description, cheaper,
+                needs_rebuild=marks_blocks or not set(overrides) <= LIVE_KEYS)
 
 
 def smaller_eval_batch(batch_size: int) -> int | None:

@@ -88,7 +88,9 @@ def step_parts(run: Run) -> StepParts:
         precision=run.config.precision, device=run.device, measure_grad_norm=True,
         max_grad_norm=run.config.train.max_grad_norm, scaler=run.scaler,
         activation_offload=lambda: run.activation_offload.context(
-            run.config.memory.activation_offload), replicas=run.replicas)
+            run.config.memory.activation_offload,
+            in_blocks_only=run.config.memory.offload_blocks is not None),
+        replicas=run.replicas)
 
 
 def steps_in_backward(optimizer: Optimizer | None) -> bool:

@@ -6,15 +6,17 @@ from torch import nn
 
 from memfit.config.schema import Config
 from memfit.techniques import checkpointing
+from memfit.techniques.blocks import model_named
 from memfit.techniques.specs.spec import Setting, TechniqueSpec
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    return checkpointing.apply(model, setting.config.memory, setting.is_transformers)
+    return checkpointing.apply(model, setting.config.memory, setting.is_transformers,
+                               model_named(setting.config.model))
 
 
 def check_applied(model: nn.Module, config: Config) -> list[str]:
-    checkpointing.check_applied(model)
+    checkpointing.check_applied(model, config.memory)
     return []
 
 
@@ -22,8 +24,9 @@ SPEC = TechniqueSpec(
     name="activation checkpointing",
     docs_row="activation checkpointing: blocks recomputed in backward",
     keys=("memory.gradient_checkpointing", "memory.checkpoint_modules",
-          "memory.checkpoint_every"),
+          "memory.checkpoint_every", "memory.checkpoint_blocks"),
     stage="model", enabled=lambda config: config.memory.gradient_checkpointing,
-    plan="traced: recomputed blocks keep only their inputs",
+    plan="traced: recomputed blocks keep only their inputs; with memory.checkpoint_blocks, "
+         "stand-ins of checkpointed and of plain blocks, added up per kind",
     # Before the adapters: PEFT renames the modules checkpointing looks for.
     apply=apply, check_applied=check_applied, plan_apply=apply)
