@@ -22,10 +22,15 @@ device keeps the gathered units and the whole gradients).
 Hugging Face models deeper than ``EXACT_DEPTH`` are built (on meta) and traced with 2 and 3
 layers, and every quantity — weights, the trainable parameters, the traced bytes — is
 extrapolated linearly in depth (the blocks repeat), so a 70B model is planned in seconds.
+Where the blocks are of several kinds (memory.checkpoint_blocks, checkpoint_every,
+offload_blocks: techniques/blocks.py), stand-ins of each kind are traced and each kind's
+blocks add their own increment.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
@@ -36,9 +41,11 @@ from torch import nn
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import AdapterKind, Config, Task
 from memfit.plan import costs, meta, moments, per_device
+from memfit.plan.offload_in_blocks import traced_offload_in_blocks
 from memfit.plan.step_time import StepWork
 from memfit.plan.trace import TraceResult, trace_micro_batch
 from memfit.plan.workload import ExampleBatch, token_shape, workload
+from memfit.techniques import blocks
 from memfit.techniques.distribution import strategy_for
 from memfit.techniques.distribution_traffic import TrafficSizes
 from memfit.techniques.moments import Moment, StepBytes
@@ -213,7 +220,11 @@ def _units(model: nn.Module) -> per_device.Units:
 
 def _trace_key(config: Config, example_batch: ExampleBatch | None, device: str) -> tuple:
     """What the built model and its trace read of the config."""
-    return (config.model, config.adapter, config.precision, config.memory,
+    memory = config.memory
+    # 1 (the first block) == 1.0 (all of them) in Python: the kinds of the counts keep
+    # their cache entries apart.
+    return (config.model, config.adapter, config.precision, memory,
+            type(memory.checkpoint_blocks), type(memory.offload_blocks),
             config.train.micro_batch_size, token_shape(config), _batch_key(example_batch),
             quantized_path(config, device) if config.adapter.kind is AdapterKind.QLORA
             else None)
@@ -228,12 +239,24 @@ def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> 
         if full_depth is None or full_depth <= EXACT_DEPTH:
             _SIZING_CACHE[key] = _measure(config, None, example_batch, device)
         else:
+            # Each kind of block (checkpointed or not, offloaded or not: memory.checkpoint_blocks,
+            # checkpoint_every, offload_blocks) is measured in stand-ins made of that kind only,
+            # and the model is added up kind by kind.
+            kinds = Counter(blocks.block_kinds(config.memory, full_depth,
+                                               blocks.model_named(config.model)))
             # 2 and 3 layers, not 1 and 2: a 1-layer model's peak can fall in forward (its
             # logits) while deeper ones peak in backward with grads of the layers above,
             # and an increment between two different moments extrapolates to nonsense.
-            two, three = (_measure(config, layers, example_batch, device) for layers in (2, 3))
-            _SIZING_CACHE[key] = _extrapolate(two, three, full_depth - 2)
+            families = [
+                _Family(count, *(_measure(_of_kind(config, kind), layers, example_batch, device)
+                                 for layers in (2, 3)))
+                for kind, count in kinds.items()]
+            _SIZING_CACHE[key] = _extrapolate(families)
     return _SIZING_CACHE[key]
+
+
+def _of_kind(config: Config, kind: blocks.BlockKind) -> Config:
+    return dataclasses.replace(config, memory=blocks.all_of_kind(config.memory, kind))
 
 
 def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | None,
@@ -256,33 +279,62 @@ def _trace(config: Config, layers: int | None, example_batch: ExampleBatch | Non
     with torch.device("meta"):
         batch_bytes = sum(tensor.numel() * tensor.element_size()
                           for tensor in make_batch().values() if isinstance(tensor, torch.Tensor))
-    trace = trace_micro_batch(built.model, make_batch, loss_sum,
-                              AUTOCAST_DTYPES.get(config.precision),
-                              config.memory.activation_offload)
+    memory = config.memory
+    in_blocks = memory.activation_offload and memory.offload_blocks is not None
+    with traced_offload_in_blocks() if in_blocks else contextlib.nullcontext():
+        trace = trace_micro_batch(built.model, make_batch, loss_sum,
+                                  AUTOCAST_DTYPES.get(config.precision),
+                                  memory.activation_offload and not in_blocks)
     return _Traced(built.model, weights, sharded, trace, _units(built.model), batch_bytes)
 
 
-def _extrapolate(one: _Sizing, two: _Sizing, extra_layers: int) -> _Sizing:
-    """Sizes of a model ``extra_layers`` deeper than ``one``, from one layer's increment
-    (``two`` - ``one``): blocks repeat, so every quantity grows linearly in depth."""
+@dataclass(frozen=True)
+class _Family:
+    """``count`` blocks of one kind in the full model, and stand-ins of 2 and 3 such blocks."""
 
-    def grow(a: int, b: int) -> int:
-        return max(0, a + (b - a) * extra_layers)
+    count: int
+    two: _Sizing
+    three: _Sizing
 
-    def grow_split(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
-        return {key: grow(a[key], b[key]) for key in a}
 
-    per_layer = Counter(two.params) - Counter(one.params)
-    params = list(one.params) + [p for p, n in per_layer.items() for _ in range(n * extra_layers)]
-    trace = TraceResult(grow_split(one.trace.peak, two.trace.peak),
-                        grow_split(one.trace.peak_without_grads, two.trace.peak_without_grads),
-                        grow_split(one.trace.backward_without_grads,
-                                   two.trace.backward_without_grads),
-                        grow(one.trace.host_peak_bytes, two.trace.host_peak_bytes),
-                        one.trace.work.grown(two.trace.work, extra_layers))
-    return _Sizing(grow(one.weight_bytes, two.weight_bytes),
-                   grow(one.sharded_bytes, two.sharded_bytes), params, trace,
-                   max(one.units, two.units, key=lambda units: units.block), one.batch_bytes)
+def _extrapolate(families: list[_Family]) -> _Sizing:
+    """Sizes of the full model from stand-ins of each kind of block: blocks repeat, so
+    every quantity is what lies outside the blocks (a family's 2-layer value less two
+    increments; the largest, where kinds differ there, e.g. one block's recompute) plus
+    each block's increment of its kind. One kind is the plain line through 2 and 3 layers."""
+    counts = [family.count for family in families]
+
+    def grow(twos: list[Any], threes: list[Any]) -> Any:
+        """Any field: numbers, mappings of them (per key), dataclasses of them (per field,
+        so a field added to TraceResult grows too)."""
+        first = twos[0]
+        if isinstance(first, (int, float)):
+            steps = [three - two for two, three in zip(twos, threes, strict=True)]
+            outside = max(two - 2 * step for two, step in zip(twos, steps, strict=True))
+            return max(0, outside + sum(n * step for n, step in zip(counts, steps, strict=True)))
+        if isinstance(first, dict):
+            keys = dict.fromkeys(key for split in (*twos, *threes) for key in split)
+            return {key: grow([split.get(key, 0) for split in twos],
+                              [split.get(key, 0) for split in threes]) for key in keys}
+        if dataclasses.is_dataclass(first):
+            return dataclasses.replace(first, **{
+                field.name: grow([getattr(v, field.name) for v in twos],
+                                 [getattr(v, field.name) for v in threes])
+                for field in dataclasses.fields(first) if field.init})
+        raise TypeError(f"cannot extrapolate a {type(first).__name__} in depth")
+
+    twos, threes = [f.two for f in families], [f.three for f in families]
+    # Checkpointing and offload change no weight: every kind has one layer's parameters.
+    one = families[0]
+    per_layer = Counter(one.three.params) - Counter(one.two.params)
+    extra_layers = sum(counts) - 2
+    params = list(one.two.params) + [p for p, n in per_layer.items()
+                                     for _ in range(n * extra_layers)]
+    units = [s.units for s in (*twos, *threes)]
+    return _Sizing(grow([s.weight_bytes for s in twos], [s.weight_bytes for s in threes]),
+                   grow([s.sharded_bytes for s in twos], [s.sharded_bytes for s in threes]),
+                   params, grow([s.trace for s in twos], [s.trace for s in threes]),
+                   max(units, key=lambda u: u.block), one.two.batch_bytes)
 
 
 def _batch_key(example_batch: ExampleBatch | None) -> tuple | None:

@@ -8,7 +8,9 @@ steady-state steps is compared with ``plan.estimate``'s ``peak_tensor_bytes``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -93,6 +95,25 @@ def tiny_gpt2_folder(folder: Path) -> Path:
         GPT2LMHeadModel(GPT2Config(vocab_size=BYTE_VOCAB_SIZE, n_positions=128, n_embd=64,
                                    n_layer=2, n_head=4)).save_pretrained(path)
         byte_level_tokenizer().save_pretrained(path)  # a folder without one gets a broken one
+    return path
+
+
+def tiny_llama_folder(folder: Path, layers: int) -> Path:
+    """The tiny-llama preset (hidden 64) with ``layers`` decoder layers, random weights, saved
+    as a Hugging Face folder (planned from its config.json: deeper than 4 layers, through
+    2- and 3-layer stand-ins)."""
+    from transformers import LlamaForCausalLM
+
+    from memfit.models.presets import tiny_llama
+    from memfit.models.tokenizers import byte_level_tokenizer
+
+    path = folder / f"tiny-llama-{layers}"
+    if not path.exists():
+        torch.manual_seed(0)
+        shape = tiny_llama()
+        shape.num_hidden_layers = layers
+        LlamaForCausalLM(shape).save_pretrained(path)
+        byte_level_tokenizer().save_pretrained(path)
     return path
 
 
@@ -312,6 +333,20 @@ def measure_peak(config: Config, steps: int = 3):
     """(the memory meter's StepMemory of the highest-peak step, bytes by category; the host
     pool's peak over the steps: what offload moved there), over ``steps`` real training
     steps on CPU."""
+    measured = measure_steps(config, steps)
+    return measured.peak, measured.host_peak_bytes
+
+
+@dataclass(frozen=True)
+class Measured:
+    peak: Any  # monitor.memory.StepMemory of the highest-peak step
+    host_peak_bytes: int  # the host pool's peak over the steps: what offload moved there
+    losses: list[float]  # each step's loss
+
+
+def measure_steps(config: Config, steps: int = 3) -> Measured:
+    """``steps`` real training steps on CPU, each the training loop's own step, under the
+    memory meter."""
     from memfit.monitor.memory import CpuMemoryMeter
     from memfit.training.batches import BatchStream
     from memfit.training.build import build_run
@@ -324,12 +359,11 @@ def measure_peak(config: Config, steps: int = 3):
     train = config.train
     stream = BatchStream(run.splits.train, train.micro_batch_size, train.seed, run.collate)
     parts = step_parts(run)
-    host_peak = 0
+    host_peak, losses = 0, []
     for _ in range(steps):
         batches = [stream.next_batch() for _ in range(train.gradient_accumulation_steps)]
         items = sum(run.objective.count(batch) for batch in batches)
         with meter.step():
-            optimizer_step(parts, batches, items)
+            losses.append(optimizer_step(parts, batches, items).loss)
         host_peak = max(host_peak, meter.last_step.host_peak_bytes)
-    return meter.peak, host_peak
-
+    return Measured(meter.peak, host_peak, losses)
