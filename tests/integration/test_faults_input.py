@@ -150,6 +150,45 @@ def test_number_outside_its_domain(tmp_path: Path, instructions: Path, override:
             fragment)
 
 
+# --- memory.checkpoint_blocks / memory.offload_blocks -----------------------------------------
+
+@pytest.mark.parametrize("override, fragment", [
+    ("memory.checkpoint_blocks=-1", "memory.checkpoint_blocks must be 0 or more, got -1"),
+    ("memory.offload_blocks=1.5",
+     "memory.offload_blocks=1.5 as a fraction of the blocks must be in (0, 1]"),
+    ("memory.checkpoint_blocks=0.0",
+     "memory.checkpoint_blocks=0.0 as a fraction of the blocks must be in (0, 1]"),
+])
+def test_block_count_outside_its_domain(tmp_path: Path, instructions: Path, override: str,
+                                        fragment: str):
+    refused(tmp_path, tiny_run_arguments(instructions, tmp_path / "out", override,
+                                         "train.max_steps=1", "log.tensorboard=false"),
+            fragment)
+
+
+@pytest.mark.parametrize("overrides, fragments", [
+    (["memory.gradient_checkpointing=true", "memory.checkpoint_blocks=3"],
+     ["memory.checkpoint_blocks=3 is beyond the 2 blocks of model.preset=tiny-llama; "
+      "choose 0..2 or a fraction"]),
+    (["memory.activation_offload=true", "memory.offload_blocks=5"],
+     ["memory.offload_blocks=5 is beyond the 2 blocks of model.preset=tiny-llama; "
+      "choose 0..2 or a fraction"]),
+])
+def test_train_block_count_beyond_the_depth(tmp_path: Path, instructions: Path,
+                                            overrides: list[str], fragments: list[str]):
+    refused(tmp_path, tiny_run_arguments(instructions, tmp_path / "out", *overrides,
+                                         "train.max_steps=1", "log.tensorboard=false"),
+            *fragments)
+
+
+def test_plan_block_count_beyond_a_large_presets_depth(tmp_path: Path):
+    """Planned from 2- and 3-layer stand-ins, still refused against the 32 blocks."""
+    refused(tmp_path, ["model.preset=llama-3.1-8b", "memory.gradient_checkpointing=true",
+                       "memory.checkpoint_blocks=40", "--budget", "24GiB"],
+            "memory.checkpoint_blocks=40 is beyond the 32 blocks of model.preset=llama-3.1-8b; "
+            "choose 0..32 or a fraction", command="plan")
+
+
 # --- data.max_length beyond the model's context --------------------------------------------
 
 def test_plan_max_length_beyond_the_context(tmp_path: Path):

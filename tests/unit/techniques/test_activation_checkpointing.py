@@ -77,6 +77,37 @@ def test_transformers_layers_every_kth_and_non_reentrant():
         checkpointing.check_applied(model)
 
 
+@pytest.mark.parametrize("memory, count", [
+    (MemoryConfig(checkpoint_blocks=2), 2),
+    (MemoryConfig(checkpoint_blocks=0.5), 2),  # 1.5 of 3 blocks, rounded up
+    (MemoryConfig(checkpoint_blocks=1.0), 3),
+    (MemoryConfig(checkpoint_blocks=3, checkpoint_every=2), 2),  # blocks 0 and 2
+    (MemoryConfig(checkpoint_blocks=2, checkpoint_every=2), 1),  # block 0 of the first 2
+    (MemoryConfig(checkpoint_blocks=0), 0),
+])
+def test_the_first_n_blocks_every_kth_within_them(memory, count):
+    model = Autoencoder()
+    checkpointing.apply(model, memory, is_transformers=False)
+    assert checkpointing.checkpointed_blocks(model) == count
+    checkpointing.check_applied(model, memory)  # 0 asked for, 0 found: applied
+
+
+def test_transformers_first_n_layers():
+    config = tiny_llama()
+    config.num_hidden_layers = 4
+    model = AutoModelForCausalLM.from_config(config)
+    memory = MemoryConfig(checkpoint_blocks=3, checkpoint_every=2)
+    checkpointing.apply(model, memory, is_transformers=True)
+    assert [layer.gradient_checkpointing for layer in model.model.layers] == [
+        True, False, True, False]
+    checkpointing.check_applied(model, memory)
+    with pytest.raises(ConfigError, match="should checkpoint 4 of this model's 4 blocks"):
+        checkpointing.check_applied(model, MemoryConfig())
+    with pytest.raises(ConfigError, match="memory.checkpoint_blocks=5 is beyond the 4 blocks "
+                                          "of model.preset=x; choose 0..4 or a fraction"):
+        checkpointing.apply(model, MemoryConfig(checkpoint_blocks=5), True, "model.preset=x")
+
+
 def test_gradients_cut_off_from_adapters_are_detected():
     model = lora.apply(Autoencoder(), AdapterConfig(rank=4, targets=("conv",)))
     with torch.no_grad():
