@@ -142,6 +142,11 @@ def test_config_json_that_is_not_a_json_object(tmp_path: Path, model_folder: Pat
     ("adapter.alpha=nan", "adapter.alpha must be above 0 and finite, got nan"),
     ("adapter.dropout=1.0", "adapter.dropout must be in [0, 1), got 1.0"),
     ("optimizer.galore.scale=.inf", "optimizer.galore.scale must be above 0 and finite"),
+    ("memory.checkpoint_blocks=-1", "memory.checkpoint_blocks must be 0 or more, got -1"),
+    ("memory.offload_blocks=1.5",
+     "memory.offload_blocks=1.5 as a fraction of the blocks must be in (0, 1]"),
+    ("memory.checkpoint_blocks=0.0",
+     "memory.checkpoint_blocks=0.0 as a fraction of the blocks must be in (0, 1]"),
 ])
 def test_number_outside_its_domain(tmp_path: Path, instructions: Path, override: str,
                                    fragment: str):
@@ -151,20 +156,6 @@ def test_number_outside_its_domain(tmp_path: Path, instructions: Path, override:
 
 
 # --- memory.checkpoint_blocks / memory.offload_blocks -----------------------------------------
-
-@pytest.mark.parametrize("override, fragment", [
-    ("memory.checkpoint_blocks=-1", "memory.checkpoint_blocks must be 0 or more, got -1"),
-    ("memory.offload_blocks=1.5",
-     "memory.offload_blocks=1.5 as a fraction of the blocks must be in (0, 1]"),
-    ("memory.checkpoint_blocks=0.0",
-     "memory.checkpoint_blocks=0.0 as a fraction of the blocks must be in (0, 1]"),
-])
-def test_block_count_outside_its_domain(tmp_path: Path, instructions: Path, override: str,
-                                        fragment: str):
-    refused(tmp_path, tiny_run_arguments(instructions, tmp_path / "out", override,
-                                         "train.max_steps=1", "log.tensorboard=false"),
-            fragment)
-
 
 @pytest.mark.parametrize("overrides, fragments", [
     (["memory.gradient_checkpointing=true", "memory.checkpoint_blocks=3"],
