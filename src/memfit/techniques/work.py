@@ -45,17 +45,6 @@ class Work:
                     {k: v * factor for k, v in self.amounts.items()},
                     self.launches * factor, self.host_copy * factor)
 
-    def grown(self, deeper: Work, extra: int) -> Work:
-        """``self`` plus ``extra`` times the increment from ``self`` to ``deeper`` (one more
-        block), each count at least 0: a model ``extra`` blocks deeper."""
-        def grow(a: int, b: int) -> int:
-            return max(0, a + (b - a) * extra)
-
-        keys = [*self.calls, *(k for k in deeper.calls if k not in self.calls)]
-        return Work({k: grow(self.calls.get(k, 0), deeper.calls.get(k, 0)) for k in keys},
-                    {k: grow(self.amounts.get(k, 0), deeper.amounts.get(k, 0)) for k in keys},
-                    grow(self.launches, deeper.launches), grow(self.host_copy, deeper.host_copy))
-
     @property
     def flops(self) -> int:
         return sum(v for (kind, _, _), v in self.amounts.items() if kind == "matmul")
