@@ -1,7 +1,8 @@
 """``memfit env --calibrate``: measure this machine's device for the planner's time model
 (devices.DeviceProfile) in a few seconds, and cache it.
 
-- matmul: square matmuls of 32..1024 (CPU) or 256..8192 (CUDA) per compute dtype;
+- matmul: (L x s) @ (s x L) products per compute dtype, s from 4 to L = 1024 (CPU) or
+  from 8 to L = 8192 (CUDA): the rate by a product's smallest dimension;
 - memory: an element-wise add of 4 KiB to 128 MiB moved (two reads, one write);
 - the host link: a 64 MiB copy each way (pinned on CUDA; on CPU the memcpy offload does);
 - the host cost per op: a training step of transformers' Llama at its smallest (hidden 64,
@@ -44,9 +45,9 @@ def calibrate(device: str) -> DeviceProfile:
     sync = torch.cuda.synchronize if target.type == "cuda" else (lambda: None)
     empty = _seconds(lambda: torch.empty(0, device=target), sync)
     if target.type == "cuda":
-        sides, dtypes = (256, 1024, 2048, 4096, 8192), ("float32", "bfloat16", "float16")
+        sides, dtypes = (8, 32, 128, 512, 2048, 8192), ("float32", "bfloat16", "float16")
     else:
-        sides, dtypes = (32, 64, 128, 256, 512, 1024), ("float32", "bfloat16")
+        sides, dtypes = (4, 8, 16, 32, 64, 128, 256, 512, 1024), ("float32", "bfloat16")
     matmul = {dtype: _matmul_table(target, getattr(torch, dtype), sides, empty, sync)
               for dtype in dtypes}
     memory = _memory_table(target, empty, sync)
@@ -103,12 +104,16 @@ def _rate(amount: float, seconds: float, empty: float) -> float:
 
 def _matmul_table(target: torch.device, dtype: torch.dtype, sides: tuple[int, ...],
                   empty: float, sync: Callable[[], None]) -> Table:
+    """FLOP/s by the product's smallest dimension (work_count's size of a matmul): an
+    (L x s) @ (s x L) product for each side s, L the largest side."""
     points = []
+    long = sides[-1]
     for side in sides:
-        a = torch.randn(side, side, device=target).to(dtype)
-        b = torch.randn(side, side, device=target).to(dtype)
-        flops = 2 * side**3
-        points.append((float(flops), _rate(flops, _seconds(lambda a=a, b=b: a @ b, sync), empty)))
+        a = torch.randn(long, side, device=target).to(dtype)
+        b = torch.randn(side, long, device=target).to(dtype)
+        flops = 2 * long * side * long
+        seconds = _seconds(lambda a=a, b=b: a @ b, sync)
+        points.append((float(side), _rate(flops, seconds, empty)))
     return tuple(points)
 
 

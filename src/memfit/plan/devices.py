@@ -28,7 +28,7 @@ GIB = 2**30
 # (size of one call, throughput at that size): FLOPs and FLOP/s, or bytes and bytes/s;
 # sorted by size, interpolated log-linearly between points (rates.py).
 Table = tuple[tuple[float, float], ...]
-PROFILE_VERSION = 2  # of the cache's format: a cache of another version is measured again
+PROFILE_VERSION = 3  # of the cache's format: a cache of another version is measured again
 CACHE_ENV = "MEMFIT_CACHE_DIR"
 
 
@@ -36,7 +36,7 @@ CACHE_ENV = "MEMFIT_CACHE_DIR"
 class DeviceProfile:
     name: str  # "cpu", "nvidia-h100-80gb-hbm3", or a builtin's key ("h100")
     source: str  # "calibrated" or "builtin"
-    matmul: dict[str, Table]  # compute dtype name -> FLOP/s by FLOPs per call
+    matmul: dict[str, Table]  # compute dtype name -> FLOP/s by a product's smallest side
     memory: Table  # bytes/s by bytes moved per call
     op_seconds: float  # host time per op dispatched
     host_link: float  # bytes/s device <-> host (pinned copies; a memcpy on CPU)
@@ -61,11 +61,16 @@ class DeviceProfile:
                 "note": self.note}
 
 
-def _ramp(peak: float, half_size: float) -> Table:
+def _ramp(peak: float, half_size: float, sizes: range) -> Table:
     """A builtin's table: ``peak`` approached as calls grow, half of it at ``half_size``
     (fixed per-call costs: tiles that do not fill the device, memory latency)."""
-    sizes = [2.0**k for k in range(10, 42, 2)]
-    return tuple((size, peak * size / (size + half_size)) for size in sizes)
+    return tuple((2.0**k, peak * 2.0**k / (2.0**k + half_size)) for k in sizes)
+
+
+# Matmuls by their smallest dimension (work_count): half the peak at 256 (a 4096 x 256
+# x 4096 product fills a large GPU's tensor cores about half); memory ops by bytes per
+# call: half the bandwidth at 1 MiB (launch and latency of a short kernel).
+_SIDES, _BYTES = range(0, 16), range(10, 36, 2)
 
 
 # Achieved / datasheet: large GEMMs in cuBLAS reach 60-75% of the tensor-core peak, and
@@ -88,17 +93,14 @@ ASSUMED_GPU = "rtx-4090"
 
 def _builtin(key: str, sheet: Datasheet) -> DeviceProfile:
     tera, giga = 1e12, 1e9
-    # Half the peak at ~10 us of work per call: a small matmul does not fill the device.
-    matmul = {"float32": _ramp(sheet.fp32_tflops * tera * MATMUL_EFFICIENCY,
-                               sheet.fp32_tflops * tera * 10e-6),
-              "float16": _ramp(sheet.fp16_tflops * tera * MATMUL_EFFICIENCY,
-                               sheet.fp16_tflops * tera * 10e-6)}
     # Without bf16 tensor cores (T4), bf16 matmuls run on the CUDA cores.
-    bf16 = sheet.bf16_tflops or sheet.fp32_tflops
-    matmul["bfloat16"] = _ramp(bf16 * tera * MATMUL_EFFICIENCY, bf16 * tera * 10e-6)
+    peaks = {"float32": sheet.fp32_tflops, "float16": sheet.fp16_tflops,
+             "bfloat16": sheet.bf16_tflops or sheet.fp32_tflops}
+    matmul = {dtype: _ramp(peak * tera * MATMUL_EFFICIENCY, 256, _SIDES)
+              for dtype, peak in peaks.items()}
     bandwidth = sheet.bandwidth_gbs * giga * BANDWIDTH_EFFICIENCY
     return DeviceProfile(
-        key, "builtin", matmul, _ramp(bandwidth, bandwidth * 5e-6), GPU_OP_SECONDS,
+        key, "builtin", matmul, _ramp(bandwidth, 2**20, _BYTES), GPU_OP_SECONDS,
         sheet.host_link_gbs * giga * LINK_EFFICIENCY, GPU_HOST_MEMORY, GPU_HOST_FLOPS,
         sheet.interconnect_gbs * giga * COLLECTIVE_EFFICIENCY, NCCL_SECONDS, True,
         int(sheet.memory_gib * GIB),

@@ -75,15 +75,16 @@ def seconds(work: Work, profile: DeviceProfile) -> float:
 
 
 def device_seconds(work: Work, profile: DeviceProfile) -> float:
-    """Matmul FLOPs and bytes moved, priced at the rate of each call's size."""
+    """Matmul FLOPs and bytes moved, priced at the rate of each call's size class [2^k,
+    2^(k+1)): a matmul's smallest side at its class's floor (sides are mostly powers of
+    two), bytes at its middle."""
     total = 0.0
     for (kind, dtype, size), amount in work.amounts.items():
-        per_call = 1.5 * 2.0**size  # the middle of the size class [2^k, 2^(k+1))
         if kind == "matmul":
             table = profile.matmul.get(dtype) or profile.matmul["float32"]
+            total += amount / rate(table, 2.0**size)
         else:
-            table = profile.memory
-        total += amount / rate(table, per_call)
+            total += amount / rate(profile.memory, 1.5 * 2.0**size)
     return total
 
 

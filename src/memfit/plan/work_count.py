@@ -74,7 +74,8 @@ class WorkCount:
             if packet in _ATTENTION and _named(func, args, kwargs).get("is_causal"):
                 flops //= 2
             dtype = next(t.dtype for t in tree_leaves(args) if isinstance(t, torch.Tensor))
-            self._add(("matmul", str(dtype).removeprefix("torch."), size_class(flops)), flops)
+            side = size_class(_side(packet, args, out))
+            self._add(("matmul", str(dtype).removeprefix("torch."), side), flops)
             return
         outputs = _nbytes(out)
         if packet in _WRITES:
@@ -90,6 +91,32 @@ class WorkCount:
     def _add(self, key: Key, amount: int) -> None:
         self.calls[key] = self.calls.get(key, 0) + 1
         self.amounts[key] = self.amounts.get(key, 0) + amount
+
+
+def _side(packet: Any, args: tuple, out: Any) -> int:
+    """The smallest dimension of the matrix product an op runs (m x k times k x n: the
+    least of m, k, n), which sets how close to its peak a device runs it: a LoRA
+    adapter's 4096 x 4096 times 4096 x 8 runs far below a square product of its FLOPs.
+    Convolutions as the GEMM they lower to (output pixels, output channels, input
+    channels x kernel); attention by the sequence and the head size."""
+    tensors = [t for t in args if isinstance(t, torch.Tensor)]
+    if packet in (aten.mm, aten.bmm):
+        a, b = tensors[:2]
+        return min(a.shape[-2], a.shape[-1], b.shape[-1])
+    if packet in (aten.addmm, aten.baddbmm):
+        a, b = tensors[1:3]
+        return min(a.shape[-2], a.shape[-1], b.shape[-1])
+    if packet in _ATTENTION:
+        query = tensors[1] if packet.__name__.endswith("backward") else tensors[0]
+        return min(query.shape[-2], query.shape[-1])
+    # Convolutions (input, weight, ...) and their backward (grad_output, input, weight, ...).
+    if packet in (aten.convolution_backward,):
+        output, weight = tensors[0], tensors[2]
+    else:
+        output, weight = out, tensors[1]
+    pixels = output.shape[0] * output[0, 0].numel()  # batch x output positions
+    kernel = weight[0, 0].numel()
+    return max(1, min(pixels, weight.shape[0], weight.shape[1] * kernel))
 
 
 def _nbytes(tree: Any) -> int:

@@ -2,7 +2,8 @@
 The planner prices it in seconds with a device profile (plan/devices.py, plan/step_time.py).
 
 - ``matmul``: FLOPs of matmuls, convolutions and attention, by compute dtype and by the
-  size of one call (a small matmul runs far below a device's peak);
+  product's smallest dimension (a skinny or small product runs far below a device's
+  peak);
 - ``memory``: bytes read and written by every other op that touches data (element-wise
   ops, norms, softmax, casts, copies, the optimizer's update), by the size of one call;
 - ``launches``: every op dispatched, views and metadata ops included: each costs the host a
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# (kind, dtype name, size class): kind "matmul" (FLOPs) or "memory" (bytes); dtype "" for
+# (kind, dtype name, size class): kind "matmul" (FLOPs; the class of its smallest
+# dimension) or "memory" (bytes; the class of the bytes one call moves); dtype "" for
 # memory work.
 Key = tuple[str, str, int]
 
@@ -54,9 +56,10 @@ class Work:
         return sum(v for (kind, _, _), v in self.amounts.items() if kind == "memory")
 
 
-def matmul(flops: int, dtype: str, calls: int = 1) -> Work:
-    """``calls`` matmuls of ``flops`` in all, in ``dtype``."""
-    key = ("matmul", dtype, size_class(flops // max(calls, 1)))
+def matmul(flops: int, dtype: str, side: int, calls: int = 1) -> Work:
+    """``calls`` matmuls of ``flops`` in all, in ``dtype``, whose smallest dimension is
+    ``side``."""
+    key = ("matmul", dtype, size_class(side))
     return Work({key: calls}, {key: flops}, calls)
 
 

@@ -127,7 +127,7 @@ def _step_work(params: list[Param], costs: list[ParamCost], config: Config) -> W
         small, rank, large = sides
         refresh = _refresh_flops(galore.projector.value, small, rank, large)
         total = total.plus(inner.of(rank * large)).plus(
-            matmul(4 * rank * small * large + refresh // galore.update_gap, "float32", 2)
+            matmul(4 * rank * small * large + refresh // galore.update_gap, "float32", rank, 2)
         ).plus(memory(4 * 4 * small * large, 4))
     return total
 
