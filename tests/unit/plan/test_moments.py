@@ -121,8 +121,9 @@ def test_the_estimate_names_the_moment_whose_bytes_it_splits(overrides: dict, na
 
 def test_the_run_around_the_steps_and_loading_a_quantized_base_are_moments():
     config = load_plan_config(None, ["model.preset=tiny-llama"])
-    by_name = {m.name: m for m in step_moments(step_bytes(config, 40), config)}
-    assert by_name["saving"].bytes["temporaries"] == 40  # what trains, copied once
+    step = step_bytes(config)
+    by_name = {m.name: m for m in step_moments(step, config)}
+    assert by_name["saving"].bytes["temporaries"] == step.grads  # what trains, copied once
     assert by_name["evaluation"].bytes["grads"] == 0
     qlora = with_overrides(config, {"adapter.kind": "qlora"})
     assert "quantizing the base" in {m.name for m in step_moments(step_bytes(qlora), qlora)}
