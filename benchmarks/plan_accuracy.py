@@ -95,14 +95,14 @@ def whole_run_table(only: set[str] | None = None) -> None:
     folder = Path(tempfile.mkdtemp(prefix="plan-whole-run-"))
     data = write_data(folder)
     errors = []
-    print(f"{'model':<12}{'strategy':<23}{'planned':>12}{'measured':>12}{'error':>8}  "
+    print(f"{'model':<12}{'strategy':<23}{'planned':>14}{'measured':>14}{'error':>8}  "
           "measured peak in / plan's peak moment")
     for model, name, config in whole_run_cases(data, folder, models):
         plan = estimate(config, device="cpu")
         run = measure_whole_run(config, folder / f"run-{model}-{name}")
         error = plan.peak_tensor_bytes / run.peak_bytes - 1
         errors.append(error)
-        print(f"{model:<12}{name:<23}{plan.peak_tensor_bytes:>12,}{run.peak_bytes:>12,}"
+        print(f"{model:<12}{name:<23}{plan.peak_tensor_bytes:>14,}{run.peak_bytes:>14,}"
               f"{error:>+7.1%}  {run.phase} / {plan.peak_moment.name}")
     print(f"\n{whole_run_summary(errors)}\n")
 
