@@ -22,7 +22,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "unit" / "plan"))
 
-from accuracy_cases import cases, measure_peak, write_data  # noqa: E402
+from accuracy_cases import (  # noqa: E402
+    WHOLE_RUN_MODELS,
+    cases,
+    measure_peak,
+    whole_run_cases,
+    write_data,
+)
+from whole_run import measure_whole_run  # noqa: E402
 
 from memfit.plan import estimate  # noqa: E402
 from memfit.plan.planner import load_plan_config  # noqa: E402
@@ -83,6 +90,30 @@ def summary(errors: list[float]) -> str:
             f"worst {max(errors):.1%} (targets: 5%, 15%)")
 
 
+def whole_run_table(only: set[str] | None = None) -> None:
+    models = tuple(m for m in WHOLE_RUN_MODELS if only is None or m in only)
+    folder = Path(tempfile.mkdtemp(prefix="plan-whole-run-"))
+    data = write_data(folder)
+    errors = []
+    print(f"{'model':<12}{'strategy':<23}{'planned':>14}{'measured':>14}{'error':>8}  "
+          "measured peak in / plan's peak moment")
+    for model, name, config in whole_run_cases(data, folder, models):
+        plan = estimate(config, device="cpu")
+        run = measure_whole_run(config, folder / f"run-{model}-{name}")
+        error = plan.peak_tensor_bytes / run.peak_bytes - 1
+        errors.append(error)
+        print(f"{model:<12}{name:<23}{plan.peak_tensor_bytes:>14,}{run.peak_bytes:>14,}"
+              f"{error:>+7.1%}  {run.phase} / {plan.peak_moment.name}")
+    print(f"\n{whole_run_summary(errors)}\n")
+
+
+def whole_run_summary(errors: list[float]) -> str:
+    """The whole-run table's last line, from each case's planned / measured - 1."""
+    return (f"{len(errors)} whole runs: median |error| "
+            f"{statistics.median(abs(e) for e in errors):.1%}, lowest {min(errors):+.1%}, "
+            f"highest {max(errors):+.1%} (targets: median <= 3%, none below 0)")
+
+
 def paper_table() -> None:
     for name, published, unit, overrides, assumptions in PAPERS:
         result = estimate(load_plan_config(None, overrides))
@@ -102,10 +133,16 @@ def main() -> None:
     parser.add_argument("--skip-measured", action="store_true",
                         help="only the published figures (no training)")
     parser.add_argument("--architectures", metavar="NAME,...",
-                        help="measure only these architectures (e.g. gpt-neox,qwen2,phi3)")
+                        help="measure only these architectures (e.g. gpt-neox,qwen2,phi3; "
+                             "opt and llama-69m are whole runs only)")
+    parser.add_argument("--whole-runs-only", action="store_true",
+                        help="only the whole-run table (and the published figures)")
     args = parser.parse_args()
+    only = set(args.architectures.split(",")) if args.architectures else None
     if not args.skip_measured:
-        measured_table(set(args.architectures.split(",")) if args.architectures else None)
+        if not args.whole_runs_only:
+            measured_table(only)
+        whole_run_table(only)
     paper_table()
 
 

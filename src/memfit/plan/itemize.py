@@ -51,7 +51,7 @@ from memfit.techniques.distribution_traffic import TrafficSizes
 from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.optimizers import spec_for
 from memfit.techniques.precision import AUTOCAST_DTYPES
-from memfit.techniques.quantize_stand_in import QuantizedLinear, quantized_path
+from memfit.techniques.quantize_stand_in import QuantizedLinear, quantized_path, quantizing_bytes
 
 EXACT_DEPTH = 4
 
@@ -92,6 +92,7 @@ class _Sizing:
     trace: TraceResult
     units: per_device.Units  # what FSDP2 gathers
     batch_bytes: int  # one micro-batch's input tensors
+    quantizing: int = 0  # quantize_stand_in.quantizing_bytes: loading a quantized base
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,7 @@ class _Traced:
     trace: TraceResult
     units: per_device.Units
     batch_bytes: int
+    quantizing: int = 0
 
 
 _SIZING_CACHE: dict[tuple, _Sizing] = {}
@@ -139,7 +141,8 @@ def estimate(config: Config, device: str = "cuda",
         largest_grad=costs.largest_trainable_bytes(params),
         inputs=_inputs_in_step(config, sizing, device), optimizer=optimizer, devices=devices,
         gathered=per_device.gathers(config), buckets=per_device.ddp_bucket_bytes(params, config),
-        beside_hook=per_device.beside_hook_bytes(params, config, sizing.units))
+        beside_hook=per_device.beside_hook_bytes(params, config, sizing.units),
+        quantizing=sizing.quantizing)
     peak = moments.peak(moments.step_moments(step, config))
     weights = per_device.sharded_weights(config, sizing.weight_bytes)
     if host_shards:  # what FSDP2 does not shard stays: buffers
@@ -267,13 +270,14 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
     traced = _TRACE_CACHE[key]
     return _Sizing(traced.weight_bytes, traced.sharded_bytes,
                    costs.trainable_params(traced.model, config), traced.trace, traced.units,
-                   traced.batch_bytes)
+                   traced.batch_bytes, traced.quantizing)
 
 
 def _trace(config: Config, layers: int | None, example_batch: ExampleBatch | None,
            device: str) -> _Traced:
     built = meta.build(config, layers, device)
     weights = costs.weight_bytes(built.model)
+    quantizing = quantizing_bytes(built.model, config)
     sharded = sum(t.numel() * t.element_size() for t in _gathered(built.model))
     make_batch, loss_sum = workload(config, built, example_batch)
     with torch.device("meta"):
@@ -285,7 +289,8 @@ def _trace(config: Config, layers: int | None, example_batch: ExampleBatch | Non
         trace = trace_micro_batch(built.model, make_batch, loss_sum,
                                   AUTOCAST_DTYPES.get(config.precision),
                                   memory.activation_offload and not in_blocks)
-    return _Traced(built.model, weights, sharded, trace, _units(built.model), batch_bytes)
+    return _Traced(built.model, weights, sharded, trace, _units(built.model), batch_bytes,
+                   quantizing)
 
 
 @dataclass(frozen=True)
@@ -334,7 +339,10 @@ def _extrapolate(families: list[_Family]) -> _Sizing:
     return _Sizing(grow([s.weight_bytes for s in twos], [s.weight_bytes for s in threes]),
                    grow([s.sharded_bytes for s in twos], [s.sharded_bytes for s in threes]),
                    params, grow([s.trace for s in twos], [s.trace for s in threes]),
-                   max(units, key=lambda u: u.block), one.two.batch_bytes)
+                   max(units, key=lambda u: u.block), one.two.batch_bytes,
+                   # a folder's largest layer repeats in every block; a built model's
+                   # layers all exist in full precision at once, and grow with depth
+                   grow([s.quantizing for s in twos], [s.quantizing for s in threes]))
 
 
 def _batch_key(example_batch: ExampleBatch | None) -> tuple | None:

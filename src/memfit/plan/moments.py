@@ -1,8 +1,11 @@
-"""The candidate peaks of a training step as named moments (memfit.techniques.moments),
-collected from their three contributors, and the one that sets the peak:
+"""The candidate peaks of a run as named moments (memfit.techniques.moments), collected
+from their contributors, and the one that sets the peak:
 
 - the traced micro-batch (here): the first micro-batch's forward and backward, and, when
   accumulating, a later micro-batch (every grad already alive, plus the one being added);
+- the run around the steps (here): evaluation and saving;
+- the enabled techniques' specs (``TechniqueSpec.moments``): quantizing the base as it
+  loads;
 - the optimizer's spec (``OptimizerSpec.moments``): its step, or layer-wise updates inside
   backward, which replace the trace's moments (no moment holds every grad);
 - the distribution strategy's spec (``StrategySpec.moments``): DDP's buckets and their
@@ -13,7 +16,8 @@ from __future__ import annotations
 
 from memfit.config.schema import Config
 from memfit.techniques.distribution import strategy_for
-from memfit.techniques.moments import Moment, StepBytes, of_split
+from memfit.techniques import registry
+from memfit.techniques.moments import Moment, StepBytes, moment, of_split
 from memfit.techniques.optimizers import spec_for
 
 
@@ -33,10 +37,29 @@ def trace_moments(step: StepBytes, config: Config) -> list[Moment]:
     return moments
 
 
+def run_moments(step: StepBytes, config: Config) -> list[Moment]:
+    """The moments of a run outside its steps that training/loop.py and api.py make: an
+    evaluation (a forward without grad, after a step has freed the grads: at most the
+    traced forward's bytes, which also hold what backward would keep) and the checkpoint
+    and export (each trainable tensor copied at most once while written; PEFT's adapter
+    state dict, safetensors' contiguous copies)."""
+    return [of_split("evaluation", "a forward without grad beside the weights and state",
+                     {**step.forward, "grads": 0}),
+            moment("saving", "the checkpoint and export: what trains, copied at most once",
+                   grads=0, activations=0, temporaries=step.grads)]
+
+
+def technique_moments(step: StepBytes, config: Config) -> list[Moment]:
+    return [found for spec in registry.TECHNIQUES
+            if spec.moments is not None and spec.enabled(config)
+            for found in spec.moments(step, config)]
+
+
 def step_moments(step: StepBytes, config: Config) -> list[Moment]:
-    """Every contributor's moments, the trace's first."""
+    """Every contributor's moments of the whole run, the trace's first."""
     return [*trace_moments(step, config), *spec_for(config).moments(step, config),
-            *strategy_for(config).moments(step, config)]
+            *strategy_for(config).moments(step, config), *run_moments(step, config),
+            *technique_moments(step, config)]
 
 
 def peak(moments: list[Moment]) -> Moment:

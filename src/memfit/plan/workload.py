@@ -84,13 +84,11 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
     if config.model.task is Task.CAUSAL_LM and built.is_transformers:
 
         def make_batch() -> dict[str, Any]:
+            # Training's batches hold an attention mask whatever the packing (data/tokens.py),
+            # alive beside input_ids and labels through the step.
             batch = {"input_ids": torch.zeros((size, length), dtype=torch.long),
                      "labels": torch.zeros((size, length), dtype=torch.long),
-                     # None: an all-ones mask (packed text), which transformers drops. A
-                     # fake mask (padded rows) it cannot read, so it builds the [batch, 1,
-                     # seq, seq] padding mask training builds for a batch with padding.
-                     "attention_mask": None if shape.packing == "stream"
-                     else torch.ones((size, length), dtype=torch.long)}
+                     "attention_mask": torch.ones((size, length), dtype=torch.long)}
             if shape.packing == "rows":  # rows kept apart by their positions (models.packed)
                 batch["position_ids"] = torch.zeros((size, length), dtype=torch.long)
             return batch
@@ -98,6 +96,12 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
         def causal_lm_loss_sum(model: Any, batch: dict[str, Any]) -> torch.Tensor:
             if shape.packing == "rows":  # transformers builds the block mask training does
                 return loss.loss_sum(model, batch)
+            if shape.packing == "stream":
+                # Packed text's mask is all ones, which transformers drops; a fake mask it
+                # cannot read would make it build the [batch, 1, seq, seq] padding mask
+                # training builds only for batches with padding. The mask stays alive in
+                # ``batch`` (the caller's), as training's does.
+                batch = {**batch, "attention_mask": None}
             with _rows_seen_as_single_sequences():
                 return loss.loss_sum(model, batch)
 

@@ -1,8 +1,9 @@
-"""A peak moment: one instant of a training step, what is alive on one device then (by
-category) and why. The planner's peak is the largest of the moments three contributors
-name: the traced micro-batch (plan/moments.py), the optimizer's spec
-(``OptimizerSpec.moments``) and the distribution strategy's spec (``StrategySpec.moments``).
-``StepBytes`` is what they make their moments of.
+"""A peak moment: one instant of a run, what is alive on one device then (by category) and
+why. The planner's peak is the largest of the moments its contributors name: the traced
+micro-batch and the run around the steps (evaluation, saving; plan/moments.py), the
+optimizer's spec (``OptimizerSpec.moments``), the distribution strategy's spec
+(``StrategySpec.moments``) and the techniques' specs (``TechniqueSpec.moments``: loading
+the base quantized). ``StepBytes`` is what they make their moments of.
 
 Weights and optimizer state are alive at every moment of a step, so a moment holds only the
 categories that change within it (``MOMENT_CATEGORIES``); the planner adds the other two.
@@ -66,6 +67,9 @@ class StepBytes:
     gathered: bool  # the splits are FSDP2's: gathered units, gradients divided or on the host
     buckets: int  # DDP's gradient buckets (0: DDP does not wrap the model)
     beside_hook: int  # layer-wise: gradients alive whole beside the one a hook consumes
+    # What quantizing the base holds beyond the stored weights while it loads
+    # (quantize_stand_in.quantizing_bytes; 0 without a quantized base).
+    quantizing: int = 0
 
     @property
     def without_grads(self) -> Split:

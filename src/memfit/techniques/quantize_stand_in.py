@@ -55,6 +55,33 @@ def stand_in_for_frozen_linears(model: nn.Module, config: Config, skip: nn.Modul
         setattr(parent, child, QuantizedLinear(module, nbytes, compute, source, path))
 
 
+def quantizing_bytes(model: nn.Module, config: Config) -> int:
+    """What the base holds while it is being quantized beyond what training stores (the
+    stand-ins' codes are in the weights already): a folder is quantized one layer at a time
+    as transformers loads it, so the largest layer in the dtype it is quantized from; a
+    built model (preset, factory) exists whole in model.dtype first and is quantized layer
+    by layer, so every quantized layer in model.dtype plus the largest one's copy in the
+    compute dtype. With at most one byte a weight of bitsandbytes' scratch for that layer
+    (its fp32 absmax per 64-weight block and their double quantization: about 0.1 B), and
+    the frozen weights the model stage stores in the compute dtype later
+    (techniques.quantize.store_frozen_in: the kept output layer), still as loaded."""
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    if not layers:
+        return 0
+    from memfit.models.load import TORCH_DTYPES
+
+    loaded = TORCH_DTYPES[config.model.dtype].itemsize
+    largest = max(layer.in_features * layer.out_features for layer in layers)
+    if quantize.quantized_while_loading(config):
+        full = largest * loaded
+    else:
+        full = (sum(layer.in_features * layer.out_features for layer in layers) * loaded
+                + largest * quantize.compute_dtype(config.precision).itemsize)
+    uncast = sum(p.numel() * (loaded - p.element_size()) for p in model.parameters()
+                 if not p.requires_grad and p.is_floating_point() and p.element_size() < loaded)
+    return full + largest + uncast
+
+
 class QuantizedLinear(nn.Module):
     """Planning stand-in for a bitsandbytes Linear4bit (NF4) or Linear8bitLt (int8):
     ``quantized`` holds its bytes; forward and backward allocate what bitsandbytes'

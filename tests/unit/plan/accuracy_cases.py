@@ -76,12 +76,15 @@ def write_data(folder: Path) -> dict[str, Path]:
     text = folder / "corpus.txt"
     text.write_text("\n".join(f"line {i}: the quick brown fox jumps over the lazy dog"
                               for i in range(200)))
+    held_out = folder / "held-out.txt"  # whole runs evaluate on it (a text file is one row)
+    held_out.write_text("\n".join(f"line {i}: a lazy dog sleeps under the quick brown fox"
+                                   for i in range(20)))
     tokens = folder / "tokens.npz"
     np.savez(tokens, input_ids=rng.integers(3, 300, (32, SEQUENCE)),
              classes=rng.integers(0, 4, (32, 1)))  # [rows, 1]: one label per example
     images = folder / "images.npz"
     np.savez(images, images=rng.normal(size=(32, 1, 32, 32)).astype(np.float32))
-    return {"text": text, "tokens": tokens, "images": images}
+    return {"text": text, "held_out": held_out, "tokens": tokens, "images": images}
 
 
 def tiny_gpt2_folder(folder: Path) -> Path:
@@ -137,10 +140,12 @@ def wide_llama_folder(folder: Path) -> Path:
 
 
 def hf_decoder_folder(folder: Path, kind: str) -> Path:
-    """A small GPT-NeoX, Qwen2 or Phi-3 (hidden 128, MLP 512, 2 layers, 4 heads) with random
+    """A small OPT, GPT-NeoX, Qwen2 or Phi-3 (hidden 128, MLP 512, 2 layers, 4 heads) with random
     weights, saved as an fp32 Hugging Face folder: the architectures beside Llama whose
-    layers differ where adapters and a quantized base sit (a fused q/k/v projection and
-    parallel residual in GPT-NeoX, q/k/v biases in Qwen2, fused q/k/v and gate/up in Phi-3)."""
+    layers differ where adapters and a quantized base sit (biases on every projection and
+    learned positions in OPT, a fused q/k/v projection and parallel residual in GPT-NeoX,
+    q/k/v biases in Qwen2, fused q/k/v and gate/up in Phi-3). OPT is measured in whole runs
+    only (WHOLE_RUN_MODELS)."""
     import transformers
 
     from memfit.models.tokenizers import BYTE_VOCAB_SIZE, byte_level_tokenizer
@@ -153,6 +158,9 @@ def hf_decoder_folder(folder: Path, kind: str) -> Path:
                  "max_position_embeddings": 2 * DECODER_SEQUENCE}
         if kind == "gpt-neox":
             model = transformers.GPTNeoXForCausalLM(transformers.GPTNeoXConfig(**shape))
+        elif kind == "opt":  # its MLP width is ffn_dim; learned positions, biases everywhere
+            shape["ffn_dim"] = shape.pop("intermediate_size")
+            model = transformers.OPTForCausalLM(transformers.OPTConfig(**shape))
         elif kind == "qwen2":
             model = transformers.Qwen2ForCausalLM(
                 transformers.Qwen2Config(num_key_value_heads=2, **shape))
@@ -367,3 +375,43 @@ def measure_steps(config: Config, steps: int = 3) -> Measured:
             losses.append(optimizer_step(parts, batches, items).loss)
         host_peak = max(host_peak, meter.last_step.host_peak_bytes)
     return Measured(meter.peak, host_peak, losses)
+
+
+# ---- whole runs (whole_run.measure_whole_run) -------------------------------------------
+def llama_69m_folder(folder: Path) -> Path:
+    """benchmarks/memory_techniques.py's 69M Llama (hidden 768, 8 layers, untied head, vocab
+    8,000) with random weights, an fp32 folder with the byte-level tokenizer: deeper than the
+    planner traces exactly, so its plan is extrapolated from 2 and 3 layers, and large enough
+    that its weights, not the activations of 2 x 128 tokens, set most of the peak."""
+    from memfit.bench.random_llama import LLAMA_69M, llama_config, save_random_model
+    from memfit.models.tokenizers import byte_level_tokenizer
+
+    path = folder / "llama-69m"
+    if not path.exists():
+        save_random_model(path, llama_config(LLAMA_69M), byte_level_tokenizer())
+    return path
+
+
+# OPT-style models and a 69M Llama besides the suite's decoders, each as an fp32 folder.
+WHOLE_RUN_MODELS = ("opt", *HF_DECODERS, "llama-69m")
+# Full fine-tuning, LoRA with checkpointing and QLoRA, rank 8 on every linear layer.
+WHOLE_RUN_STRATEGIES = ("adamw", "lora-r8-checkpointing", "qlora-r8")
+WHOLE_RUN_STEPS = 2
+
+
+def whole_run_config(data: dict[str, Path], folder: Path, model: str, strategy: str) -> Config:
+    """A whole run's config: 2 x 128 tokens, WHOLE_RUN_STEPS steps, an evaluation of one
+    held-out micro-batch at the end, and the final checkpoint and export."""
+    path = llama_69m_folder(folder) if model == "llama-69m" else hf_decoder_folder(folder, model)
+    base = {"model": {"path": str(path)},
+            "data": {"path": str(data["text"]), "format": "text",
+                     "max_length": DECODER_SEQUENCE, "eval_path": str(data["held_out"])},
+            "train": {"max_steps": WHOLE_RUN_STEPS, "eval_max_batches": 1}}
+    return config_for(base, STRATEGIES[strategy])
+
+
+def whole_run_cases(data: dict[str, Path], folder: Path, models: tuple[str, ...] = WHOLE_RUN_MODELS):
+    """(model, strategy, Config) of every whole-run case."""
+    for model in models:
+        for strategy in WHOLE_RUN_STRATEGIES:
+            yield model, strategy, whole_run_config(data, folder, model, strategy)

@@ -41,7 +41,8 @@ def variants() -> list[Config]:
                                   "memory.optimizer_offload": offload,
                                   "distributed.strategy": strategy, "distributed.nproc": 2})
             for layerwise, accumulation, offload, strategy in itertools.product(
-                (False, True), (1, 2), (False, True), ("none", "ddp", "fsdp"))]
+                (False, True), (1, 2), (False, True), ("none", "ddp", "fsdp"))] + [
+        with_overrides(base, {"adapter.kind": "qlora"})]
 
 
 def documented() -> set[str]:
@@ -60,7 +61,8 @@ def test_docs_list_exactly_the_moments_the_contributors_name():
 def test_each_contributor_adds_its_moments_with_their_bytes():
     def names(*overrides: str) -> list[str]:
         config = load_plan_config(None, ["model.preset=tiny-llama", *overrides])
-        return [moment.name for moment in step_moments(step_bytes(config), config)]
+        return [moment.name for moment in step_moments(step_bytes(config), config)
+                if moment.name not in ("evaluation", "saving")]  # every run's: below
 
     assert names() == ["first micro-batch's forward", "optimizer step"]
     assert names("train.gradient_accumulation_steps=2") == [
@@ -75,7 +77,7 @@ def test_each_contributor_adds_its_moments_with_their_bytes():
         "FSDP2 forward", "FSDP2 backward, grads divided"]
     config = load_plan_config(None, ["model.preset=tiny-llama", "optimizer.layerwise=true",
                                      "train.gradient_accumulation_steps=2"])
-    in_backward, forward = step_moments(step_bytes(config), config)
+    in_backward, forward = step_moments(step_bytes(config), config)[:2]
     # The largest grad and those whole beside it; backward's activations; its temporaries,
     # one parameter's step scratch and the accumulation buffers.
     assert in_backward.bytes == {"grads": 30 + 11, "activations": 600,
@@ -115,3 +117,14 @@ def test_the_estimate_names_the_moment_whose_bytes_it_splits(overrides: dict, na
     assert planned.peak_moment.bytes == {category: planned.bytes[category]
                                          for category in planned.peak_moment.bytes}
     assert re.fullmatch(r"[^\n]+", planned.peak_moment.why)  # one line
+
+
+def test_the_run_around_the_steps_and_loading_a_quantized_base_are_moments():
+    config = load_plan_config(None, ["model.preset=tiny-llama"])
+    step = step_bytes(config)
+    by_name = {m.name: m for m in step_moments(step, config)}
+    assert by_name["saving"].bytes["temporaries"] == step.grads  # what trains, copied once
+    assert by_name["evaluation"].bytes["grads"] == 0
+    qlora = with_overrides(config, {"adapter.kind": "qlora"})
+    assert "quantizing the base" in {m.name for m in step_moments(step_bytes(qlora), qlora)}
+    assert "quantizing the base" not in by_name

@@ -16,6 +16,7 @@ from memfit.config.choices import CLASSIFYING_TASKS
 from memfit.config.schema import AdapterKind, Config
 from memfit.models.classifier import HEAD_SUFFIXES, head_names
 from memfit.techniques import lora, quantize, quantize_stand_in
+from memfit.techniques.moments import Moment, StepBytes, moment
 from memfit.techniques.specs.spec import Setting, TechniqueSpec
 
 
@@ -61,10 +62,22 @@ def plan_apply(model: nn.Module, setting: Setting) -> nn.Module:
     return model
 
 
+def moments(step: StepBytes, config: Config) -> list[Moment]:
+    """Quantizing the base: before any step, the largest layer in full precision (or, for a
+    built model, every layer) beside the quantized ones. Planned beside the weights and
+    optimizer state as training holds them (the state and adapters do not exist yet: an
+    upper bound), so a plan covers loading too when the steps hold little more than the
+    weights (a large base, short sequences)."""
+    return [moment("quantizing the base",
+                   "loading: the layer being quantized in the dtype it is quantized from, "
+                   "bitsandbytes' scratch, the kept output layer before its cast",
+                   grads=0, activations=0, temporaries=step.quantizing)]
+
+
 SPEC = TechniqueSpec(
     name="quantized base",
     docs_row="QLoRA: NF4 (double quant) or int8 frozen base",
     keys=("adapter.kind=qlora", "adapter.quantization", "adapter.double_quant"),
     stage="load", enabled=enabled,
     plan="techniques.quantize_stand_in: QuantizedLinear's bytes and matmul memory",
-    apply=apply, check_applied=check_applied, plan_apply=plan_apply)
+    apply=apply, check_applied=check_applied, plan_apply=plan_apply, moments=moments)

@@ -21,6 +21,7 @@ from torch import nn
 
 from memfit.config.ignored import Rule
 from memfit.config.schema import Config
+from memfit.techniques.moments import Moment, StepBytes
 
 Stage = Literal["load", "model", "device", "optimizer", "step"]
 STAGES: tuple[Stage, ...] = ("load", "model", "device", "optimizer", "step")
@@ -72,3 +73,6 @@ class TechniqueSpec:
     # Overrides on the tiny Llama that turn it on, planned against the measured peak by
     # tests/unit/plan/test_accuracy.py (None: a case there already covers it).
     plan_case: Mapping[str, Any] | None = None
+    # Its moments of the run where the steps do not cover it (quantizing the base while
+    # loading), planned like the optimizer's and the strategy's (plan/moments.py).
+    moments: Callable[[StepBytes, Config], list[Moment]] | None = None
