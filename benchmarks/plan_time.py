@@ -160,9 +160,9 @@ def measure(config, steps: int) -> float:
 
 def measure_ddp(config, folder: Path) -> float:
     """Median step_seconds of 2 gloo processes running `memfit train` (rank 0's record)."""
-    from memfit.config import to_mapping
-
     import yaml
+
+    from memfit.config import to_mapping
 
     spec = folder / f"ddp-{time.monotonic_ns()}.yaml"
     spec.write_text(yaml.safe_dump(to_mapping(config)))

@@ -1,4 +1,4 @@
-"""For the whole suite: one compute thread per process, and a calibration cache of its own.
+"""For the whole suite: one compute thread per process, and a fixed device profile.
 
 The README's test command runs 2 pytest-xdist workers on 2 cores, and many tests start
 `memfit` subprocesses or 2-process torchrun jobs beside them. With torch's default (one
@@ -15,15 +15,19 @@ from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
-# The planner calibrates this machine once for its step times (memfit.plan.devices): into a
-# cache of the suite's own, not the user's, shared by the workers and kept between runs.
-os.environ.setdefault("MEMFIT_CACHE_DIR",
-                      os.path.join(tempfile.gettempdir(), f"memfit-tests-{os.getuid()}"))
+# The planner prices step times with this machine's calibrated profile (memfit.plan.devices),
+# which swings with the machine's load: the suite plans with a fixed one instead
+# (cpu_profile.json: a 2-core CPU at 1 thread, MEMFIT_DEVICE_PROFILE), so recommendations
+# that weigh time are the same on every run; tests of calibration set their own cache.
+os.environ.setdefault("MEMFIT_DEVICE_PROFILE", str(Path(__file__).with_name("cpu_profile.json")))
+os.environ.setdefault("MEMFIT_CACHE_DIR", tempfile.mkdtemp(prefix="memfit-tests-"))
 
 import torch  # noqa: E402 -- after the thread count above
 
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+

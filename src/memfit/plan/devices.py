@@ -28,6 +28,9 @@ GIB = 2**30
 # (size of one call, throughput at that size): FLOPs and FLOP/s, or bytes and bytes/s;
 # sorted by size, interpolated log-linearly between points (rates.py).
 Table = tuple[tuple[float, float], ...]
+# A profile file to use for this machine's device instead of its calibration (a machine
+# whose plans must not swing with its load: CI).
+PROFILE_ENV = "MEMFIT_DEVICE_PROFILE"
 PROFILE_VERSION = 3  # of the cache's format: a cache of another version is measured again
 CACHE_ENV = "MEMFIT_CACHE_DIR"
 
@@ -236,9 +239,21 @@ class PlannedDevice:
 
 
 def planned_device(device: str) -> PlannedDevice:
-    """``cuda`` / ``cpu`` (this machine's, calibrated on first use and cached) or a builtin
-    GPU's name; ``cuda`` where no GPU is here takes ``ASSUMED_GPU``'s builtin profile."""
+    """``cuda`` / ``cpu`` (this machine's: the file MEMFIT_DEVICE_PROFILE names, else its
+    calibration, made on first use and cached) or a builtin GPU's name; ``cuda`` where no
+    GPU is here takes ``ASSUMED_GPU``'s builtin profile."""
     if device == "cpu" or (device == "cuda" and torch.cuda.is_available()):
+        given = os.environ.get(PROFILE_ENV)
+        if given:
+            if not Path(given).is_file():
+                raise ConfigError(f"{PROFILE_ENV}={given}: no such file; unset it to "
+                                  "calibrate this machine")
+            profile = read_cached(Path(given), device)
+            if profile is None:
+                raise ConfigError(f"{PROFILE_ENV}={given} is a profile of another memfit "
+                                  f"version (not {PROFILE_VERSION}); calibrate again with "
+                                  "`memfit env --calibrate`")
+            return PlannedDevice(device, profile)
         cached = read_cached(cache_path(device), device)
         if cached is not None:
             return PlannedDevice(device, cached)

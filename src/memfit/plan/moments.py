@@ -15,8 +15,8 @@ from their contributors, and the one that sets the peak:
 from __future__ import annotations
 
 from memfit.config.schema import Config
-from memfit.techniques.distribution import strategy_for
 from memfit.techniques import registry
+from memfit.techniques.distribution import strategy_for
 from memfit.techniques.moments import Moment, StepBytes, moment, of_split
 from memfit.techniques.optimizers import spec_for
 

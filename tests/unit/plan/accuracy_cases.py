@@ -410,7 +410,8 @@ def whole_run_config(data: dict[str, Path], folder: Path, model: str, strategy: 
     return config_for(base, STRATEGIES[strategy])
 
 
-def whole_run_cases(data: dict[str, Path], folder: Path, models: tuple[str, ...] = WHOLE_RUN_MODELS):
+def whole_run_cases(data: dict[str, Path], folder: Path,
+                    models: tuple[str, ...] = WHOLE_RUN_MODELS):
     """(model, strategy, Config) of every whole-run case."""
     for model in models:
         for strategy in WHOLE_RUN_STRATEGIES:
