@@ -22,7 +22,7 @@ from memfit.config.schema import AdapterKind, Config, DistributedStrategy
 from memfit.plan.devices import DeviceProfile
 from memfit.plan.itemize import Estimate, ExampleBatch, estimate
 from memfit.plan.step_time import StepTime, step_time
-from memfit.plan.strategies import LEVELS, Overrides, with_overrides
+from memfit.plan.strategies import FIT, LEVELS, Overrides, with_overrides
 
 PREFERENCES = ("quality", "speed")
 
@@ -46,7 +46,7 @@ class StrategyEstimate:
         """The name without its distribution and level: the rows of one method differ only
         in how they save memory and how they spread over the devices."""
         name = self.name.partition(":")[2] or self.name
-        for suffix in sorted(LEVELS, key=len, reverse=True):
+        for suffix in sorted((*LEVELS, FIT), key=len, reverse=True):
             if suffix and name.endswith(suffix):
                 return name[: -len(suffix)]
         return name

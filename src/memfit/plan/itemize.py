@@ -142,6 +142,7 @@ def estimate(config: Config, device: str = "cuda",
         inputs=_inputs_in_step(config, sizing, device), optimizer=optimizer, devices=devices,
         gathered=per_device.gathers(config), buckets=per_device.ddp_bucket_bytes(params, config),
         beside_hook=per_device.beside_hook_bytes(params, config, sizing.units),
+        host_is_device=device == "cpu",
         quantizing=sizing.quantizing)
     peak = moments.peak(moments.step_moments(step, config))
     weights = per_device.sharded_weights(config, sizing.weight_bytes)

@@ -42,11 +42,14 @@ def run_moments(step: StepBytes, config: Config) -> list[Moment]:
     evaluation (a forward without grad, after a step has freed the grads: at most the
     traced forward's bytes, which also hold what backward would keep) and the checkpoint
     and export (each trainable tensor copied at most once while written; PEFT's adapter
-    state dict, safetensors' contiguous copies)."""
+    state dict, safetensors' contiguous copies: in host memory, which is the device's on a
+    CPU; from a GPU, one tensor at a time is on the device while it is copied out)."""
+    copies = step.grads if step.host_is_device else step.largest_grad
     return [of_split("evaluation", "a forward without grad beside the weights and state",
                      {**step.forward, "grads": 0}),
-            moment("saving", "the checkpoint and export: what trains, copied at most once",
-                   grads=0, activations=0, temporaries=step.grads)]
+            moment("saving", "the checkpoint and export: what trains, copied at most once "
+                   "(on a GPU, one tensor at a time on the device)",
+                   grads=0, activations=0, temporaries=copies)]
 
 
 def technique_moments(step: StepBytes, config: Config) -> list[Moment]:

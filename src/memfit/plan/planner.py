@@ -34,6 +34,7 @@ from memfit.plan.choose import StrategyEstimate, check_preference, choose, itemi
 from memfit.plan.context import check_max_length
 from memfit.plan.devices import ASSUMED_GPU, BUILTIN, DeviceProfile, planned_device
 from memfit.plan.itemize import Estimate, ExampleBatch, estimate
+from memfit.plan.search import with_fitted
 from memfit.plan.step_time import StepTime, step_time
 from memfit.plan.strategies import Overrides, strategies, with_overrides
 from memfit.techniques import chunked_loss, tiled_mlp
@@ -130,6 +131,7 @@ def plan(config: Config, budget: str | int | None = None, device: str = "cuda",
         rows.append(StrategyEstimate(name, overrides, row, fits, step_time(row.work, profile)))
     chosen, reason = None, NO_BUDGET
     if budget_bytes is not None:
+        rows = with_fitted(config, rows, budget_bytes, kind, profile, example_batch)
         chosen, reason = choose(config, rows, budget_bytes, kind, profile, example_batch,
                                 prefer, any_method)
     overrides = {**chosen.row.overrides, **chosen.micro_batch} if chosen else {}

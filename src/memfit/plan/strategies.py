@@ -55,8 +55,10 @@ _OFF = {"memory.gradient_checkpointing": False, "memory.chunked_loss": False,
         "memory.optimizer_offload": False}
 
 
-# The levels' name suffixes, in order: plain, checkpointing, offload.
+# The levels' name suffixes, in order: plain, checkpointing, offload; and the planner's
+# partial level between two of them that fits a budget (plan/search.py).
 LEVELS = ("", "+ckpt", "+offload")
+FIT = "+fit"
 
 
 def levels(state_offload_ok: bool, chunked_loss_ok: bool, tiled_mlp_ok: bool = False

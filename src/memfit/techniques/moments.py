@@ -67,6 +67,8 @@ class StepBytes:
     gathered: bool  # the splits are FSDP2's: gathered units, gradients divided or on the host
     buckets: int  # DDP's gradient buckets (0: DDP does not wrap the model)
     beside_hook: int  # layer-wise: gradients alive whole beside the one a hook consumes
+    # The device is the host (CPU): what a save writes through host memory is device bytes.
+    host_is_device: bool = False
     # What quantizing the base holds beyond the stored weights while it loads
     # (quantize_stand_in.quantizing_bytes; 0 without a quantized base).
     quantizing: int = 0

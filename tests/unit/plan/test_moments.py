@@ -31,7 +31,7 @@ def step_bytes(config: Config, first_grads: int = 0) -> StepBytes:
                      backward=split(40, 600, 250), grads=100, largest_grad=30, inputs=5,
                      optimizer=OptimizerCost(200, 70, 20, 9), devices=1,
                      gathered=config.distributed.strategy.value == "fsdp",
-                     buckets=90 if ddp else 0, beside_hook=11)
+                     buckets=90 if ddp else 0, beside_hook=11, host_is_device=True)
 
 
 def variants() -> list[Config]:
