@@ -39,7 +39,7 @@ torch.set_num_threads(1)
 
 from memfit.config.load import merge  # noqa: E402
 from memfit.plan import estimate  # noqa: E402
-from memfit.plan.devices import planned_device  # noqa: E402
+from memfit.plan.planned_device import planned_device  # noqa: E402
 from memfit.plan.step_time import step_time  # noqa: E402
 from memfit.techniques.config_checks import from_mapping  # noqa: E402
 

@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 import memfit
 from memfit.models.presets import tiny_llama
 from memfit.monitor.metrics import read_metrics
+from memfit.plan.ladder import KEEP_STATE
 from memfit.techniques.config_checks import load_config
 
 
@@ -67,10 +68,15 @@ def test_out_of_memory_steps_down_and_matches_the_unconstrained_run(tmp_path: Pa
     assert constrained.eval_losses == pytest.approx(free.eval_losses, rel=1e-5)
     events = [r for r in read_metrics(constrained.output_dir) if r.get("event")]
     assert events  # the first AdamW step adds two moments: OOM comes at step 1 or 2
-    assert "train.micro_batch_size 8 -> 4" in events[0]["change"]
+    # The rung planned to fit with the least predicted time, among those that keep the math
+    # and the optimizer's state (plan.ladder): on this CPU's profile, offload beats halving
+    # the micro-batch (twice the ops of a launch-bound tiny model).
+    assert events[0]["change"].split(" ")[0] in KEEP_STATE
     assert constrained.summary["memory_peak_bytes"] <= budget
     resolved = (constrained.output_dir / "config.yaml").read_text()
-    assert "micro_batch_size: 8" not in resolved  # resume continues with what fitted
+    for event in events:  # resume continues with what fitted: "memory.x False -> True"
+        key, _, new = event["change"].partition(" -> ")
+        assert f"{key.split()[0].rpartition('.')[2]}: {new.lower()}" in resolved
 
 
 def test_nothing_fits_exits_2_with_one_line(tmp_path: Path, instructions: Path):
@@ -83,9 +89,10 @@ def test_nothing_fits_exits_2_with_one_line(tmp_path: Path, instructions: Path):
 
 
 def test_a_rung_that_rebuilds_the_model_keeps_the_losses(tmp_path: Path, instructions: Path):
-    """Micro-batch 1 cannot be split: the ladder turns on activation checkpointing, which
-    rebuilds the model and carries weights, optimizer state and schedule across."""
-    common = ["train.micro_batch_size=1", "data.eval_fraction=0"]
+    """Micro-batch 1 cannot be split: the ladder in its order (memory.oom_rung=in_order; the
+    fastest rung here, activation offload, applies live) turns on activation checkpointing,
+    which rebuilds the model and carries weights, optimizer state and schedule across."""
+    common = ["train.micro_batch_size=1", "data.eval_fraction=0", "memory.oom_rung=in_order"]
     free = train(instructions, tmp_path / "free", *common)
     saving = train(instructions, tmp_path / "saving", "memory.gradient_checkpointing=true",
                    *common)

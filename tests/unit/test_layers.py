@@ -192,7 +192,7 @@ def drawn_packages() -> list[str]:
 
 def test_docs_architecture_draws_every_floor_top_down():
     drawn = drawn_packages()
-    assert set(drawn) == set(FLOOR) - {"__init__"}  # memfit/__init__.py sits beside cli.py
+    assert set(drawn) == set(FLOOR) - {"__init__"}  # memfit/__init__.py sits beside cli/
     floors = [FLOOR[name] for name in drawn]
     assert floors == sorted(floors, reverse=True), (
         f"docs/architecture.md draws the floors out of order: {drawn}; FLOORS: {FLOORS}")

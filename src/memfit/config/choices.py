@@ -118,3 +118,8 @@ class DistributedStrategy(Choice):
     NONE = "none"
     DDP = "ddp"
     FSDP = "fsdp"
+
+
+class OomRung(Choice):
+    FASTEST = "fastest"
+    IN_ORDER = "in_order"

@@ -23,6 +23,7 @@ from memfit.config.choices import (
     LrSchedule,
     ModelDtype,
     NonfiniteAction,
+    OomRung,
     Precision,
     ReconstructionLoss,
     SubspaceChange,
@@ -395,6 +396,9 @@ class MemoryConfig:
         "or offload activations, and retry the same step.",
         default=True,
     )
+    oom_rung: OomRung = doc("Which OOM rung: fastest (of those keeping the math and state, "
+                            "the one planned to fit with the least step time) or in_order "
+                            "(the ladder's order).", default=OomRung.FASTEST)
 
 
 @dataclass(frozen=True)

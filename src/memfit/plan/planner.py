@@ -32,8 +32,9 @@ from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Task
 from memfit.plan import meta
 from memfit.plan.choose import StrategyEstimate, check_preference, choose, itemized, sharded_first
 from memfit.plan.context import check_max_length
-from memfit.plan.devices import ASSUMED_GPU, BUILTIN, DeviceProfile, planned_device
+from memfit.plan.devices import ASSUMED_GPU, BUILTIN, DeviceProfile
 from memfit.plan.itemize import Estimate, ExampleBatch, estimate
+from memfit.plan.planned_device import planned_device
 from memfit.plan.search import with_fitted
 from memfit.plan.step_time import StepTime, step_time
 from memfit.plan.strategies import Overrides, strategies, with_overrides

@@ -114,7 +114,13 @@ def _replace(node: Any, changes: dict[str, Any]) -> Any:
 
 
 def next_cheaper(config: Config) -> Overrides | None:
-    """The next rung of the OOM ladder as overrides, or None at the bottom.
+    """The next rung of the OOM ladder as overrides, or None at the bottom: the first of
+    ``rungs``."""
+    return next(iter(rungs(config)), None)
+
+
+def rungs(config: Config) -> list[Overrides]:
+    """Every rung of the OOM ladder that applies to ``config``, in the ladder's order:
 
     1. divide the micro-batch by its smallest factor and multiply accumulation by it (the
        effective batch and the loss normalisation stay the same), down to 1;
@@ -124,23 +130,25 @@ def next_cheaper(config: Config) -> Overrides | None:
        under fsdp: FSDP2's CPUOffloadPolicy, as ``strategies(sharded=True)``).
     """
     train, memory, optimizer = config.train, config.memory, config.optimizer
+    found: list[Overrides] = []
     if train.micro_batch_size > 1:
         factor = next(f for f in range(2, train.micro_batch_size + 1)
                       if train.micro_batch_size % f == 0)
-        return {"train.micro_batch_size": train.micro_batch_size // factor,
-                "train.gradient_accumulation_steps": train.gradient_accumulation_steps * factor}
+        found.append({"train.micro_batch_size": train.micro_batch_size // factor,
+                      "train.gradient_accumulation_steps":
+                          train.gradient_accumulation_steps * factor})
     if not memory.gradient_checkpointing:
-        return {"memory.gradient_checkpointing": True}
+        found.append({"memory.gradient_checkpointing": True})
     if not memory.chunked_loss and config.model.task is Task.CAUSAL_LM and not config.model.factory:
-        return {"memory.chunked_loss": True}
+        found.append({"memory.chunked_loss": True})
     cheaper_optimizer = spec_for(config).cheaper(config)
     if cheaper_optimizer is not None:
-        return cheaper_optimizer
+        found.append(cheaper_optimizer)
     if not memory.activation_offload:
-        return {"memory.activation_offload": True}
+        found.append({"memory.activation_offload": True})
     sharded_qlora = (config.adapter.kind is AdapterKind.QLORA
                      and config.distributed.strategy is DistributedStrategy.FSDP)
     if (not memory.optimizer_offload and not optimizer.layerwise  # layer-wise: in backward
             and (config.adapter.kind is AdapterKind.NONE or sharded_qlora)):
-        return {"memory.optimizer_offload": True}
-    return None
+        found.append({"memory.optimizer_offload": True})
+    return found

@@ -41,9 +41,10 @@ import torch
 from memfit import distributed
 from memfit._utils.atomic import write_text
 from memfit._utils.errors import MemfitWarning, OutOfMemoryPlanError
+from memfit._utils.sizes import parse_bytes
 from memfit.checkpoint import TrainerState, save_checkpoint
 from memfit.config import to_yaml
-from memfit.config.schema import AdapterKind
+from memfit.config.schema import AdapterKind, OomRung
 from memfit.data import count_positions
 from memfit.monitor.memory import MemoryMeter, StepMemory
 from memfit.monitor.metrics import MetricsLogger
@@ -102,6 +103,19 @@ def evaluate(run: Run) -> dict[str, float] | None:
 
 def _eval_record(step: int, metrics: dict[str, float]) -> dict:
     return {"step": step, **{f"eval_{name}": value for name, value in metrics.items()}}
+
+
+def _available_bytes(run: Run) -> int | None:
+    """The memory a rung must fit: memory.budget, else the GPU's; None on a CPU without a
+    budget (no limit to plan against) or with memory.oom_rung=in_order: the ladder's order
+    decides."""
+    if run.config.memory.oom_rung is OomRung.IN_ORDER:
+        return None
+    if run.config.memory.budget:
+        return parse_bytes(run.config.memory.budget)
+    if run.device.type == "cuda":
+        return torch.cuda.get_device_properties(run.device).total_memory
+    return None
 
 
 def _out_of_memory(run: Run, where: str, step: int, failure: str) -> OutOfMemoryPlanError:
@@ -249,7 +263,8 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
             _release_failed_attempt(run)
             rung = None if (steps_in_backward(run.optimizer)
                             or not run.config.memory.recover_from_oom
-                            or distributed.is_distributed()) else next_rung(run.config)
+                            or distributed.is_distributed()) else next_rung(
+                                run.config, _available_bytes(run), run.device.type)
             if rung is None:  # layer-wise updates may already have stepped some weights
                 raise _out_of_memory(run, "in forward/backward", step, failure)
             _apply_rung(run, rung, stream, logger, meter, step, run_dir)

@@ -1,6 +1,8 @@
-"""Out-of-memory recovery: after an OOM in forward/backward, take the next rung of the
-planner's ladder (``plan.strategies.next_cheaper``) and retry the same optimizer step with
-the same examples.
+"""Out-of-memory recovery: after an OOM in forward/backward, take a rung of the planner's
+ladder and retry the same optimizer step with the same examples: of the rungs that apply,
+the one planned to fit the memory there is (memory.budget, or the GPU's) with the least
+predicted step time (``plan.ladder.fastest_rung``); where none is planned to fit, or the
+memory is not known, the ladder's next (``plan.strategies.next_cheaper``).
 
 The ladder: split the micro-batch (accumulation grows so the effective batch, its examples
 and the loss normalisation stay the same), then activation checkpointing, chunked loss,
@@ -21,6 +23,7 @@ from torch.utils._pytree import tree_map
 from memfit._utils.errors import ConfigError
 from memfit.config import to_mapping
 from memfit.config.schema import Config
+from memfit.plan.ladder import fastest_rung
 from memfit.plan.strategies import next_cheaper, with_overrides
 from memfit.techniques.config_checks import from_mapping
 from memfit.training.build import Run, build_run
@@ -44,10 +47,14 @@ def _value(config: Config, key: str) -> object:
     return getattr(node, "value", node)
 
 
-def next_rung(config: Config) -> Rung | None:
+def next_rung(config: Config, available_bytes: int | None = None, device: str = "cpu"
+              ) -> Rung | None:
     """The next cheaper configuration, or None when the ladder is exhausted (or its next
-    rung is not valid for this config)."""
-    overrides = next_cheaper(config)
+    rung is not valid for this config). With ``available_bytes`` (memory.budget, or the
+    GPU's memory), of the rungs that apply the one planned to fit it with the least
+    predicted step time (plan.ladder.fastest_rung); else the ladder's next."""
+    overrides = (next_cheaper(config) if available_bytes is None
+                 else fastest_rung(config, available_bytes, device))
     if overrides is None:
         return None
     try:

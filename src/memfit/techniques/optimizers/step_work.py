@@ -21,17 +21,23 @@ optimizer.galore.update_gap.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from memfit.config.schema import Config
 from memfit.techniques.work import Work, memory
 
-if TYPE_CHECKING:  # spec.py imports this module for its default
-    from memfit.techniques.optimizers.spec import Param, ParamCost
 
-StepWork = Callable[[list["Param"], list["ParamCost"], Config], Work]
+class Sized(Protocol):
+    """What a step's work reads of a parameter (spec.Param; spec.py imports this module)."""
+
+    @property
+    def numel(self) -> int: ...
+
+
+# (the trainable parameters, their spec.ParamCost each, the config) -> the step's work.
+StepWork = Callable[[Sequence[Any], Sequence[Any], Config], Work]
 
 
 @dataclass(frozen=True)
@@ -51,7 +57,7 @@ LION, SGD, OTHER = Passes(10, 6), Passes(3, 1), Passes(12, 8)
 
 def streaming(update: Passes) -> StepWork:
     """An element-wise step over every parameter (module docstring)."""
-    def work(params: list[Param], costs: list[ParamCost], config: Config) -> Work:
+    def work(params: Sequence[Sized], costs: Sequence[Any], config: Config) -> Work:
         total = Work()
         for param in params:
             total = total.plus(update.of(param.numel))
