@@ -21,7 +21,7 @@ from memfit.training.build import load_base, prepare_model, seed_everything
 
 # Settings of the planner and the OOM ladder, not techniques applied to the model.
 NOT_TECHNIQUES = {"memory.budget", "memory.auto", "memory.auto_keep_adapters",
-                  "memory.recover_from_oom"}
+                  "memory.recover_from_oom", "memory.oom_rung"}
 # precision=fp32 is no technique: nothing is applied.
 PLAIN = {"precision=fp32", "adapter.kind=none"}
 
