@@ -12,8 +12,10 @@ def test_plan_json_is_one_object(tmp_path):
                             "--budget", "64MiB", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
-    assert set(plan) == {"device", "device_assumed", "devices", "config", "strategies",
-                         "skipped", "recommended", "reason"}
+    assert set(plan) == {"device", "device_assumed", "device_profile", "devices", "config",
+                         "strategies", "skipped", "recommended", "recommended_step_seconds",
+                         "reason"}
+    assert set(plan["device_profile"]) >= {"name", "source"}
 
 
 def test_plan_without_arguments_plans_the_demo_and_says_the_gpu_is_assumed(tmp_path):
@@ -32,10 +34,10 @@ def test_plan_without_arguments_plans_the_demo_and_says_the_gpu_is_assumed(tmp_p
     header = run_in_process("plan", cwd=tmp_path).stdout.splitlines()[0]
     assert header.startswith("memfit plan: demo-base, micro-batch 8 x 128 tokens")
     if not torch.cuda.is_available():
-        assert header.endswith("for cuda (assumed: no GPU here; --device cpu to plan for this "
-                               "machine)")
+        assert "for cuda (assumed: no GPU here; --device cpu to plan for this machine; " \
+               "step times of a " in header and header.endswith("--device NAME for another)")
     on_cpu = run_in_process("plan", "--device", "cpu", cwd=tmp_path).stdout.splitlines()[0]
-    assert on_cpu.endswith("no budget, for cpu")
+    assert "no budget, for cpu (cpu, step times " in on_cpu
 
 
 def test_plan_without_a_budget_prints_every_strategy_quietly(tmp_path):
@@ -54,7 +56,7 @@ def test_plan_without_a_budget_prints_every_strategy_quietly(tmp_path):
     lines = result.stdout.splitlines()
     assert "no budget, for cpu" in lines[0]
     header = lines[2].split()
-    assert header[0] == "strategy" and header[-3:] == ["host", "peak", "at"]
+    assert header[0] == "strategy" and header[-5:] == ["host", "step", "tok/s", "peak", "at"]
     assert "fits" not in header
     names = [name for name, _ in strategies(True, True)]
     assert [line.split()[0] for line in lines[4:4 + len(names)]] == names
