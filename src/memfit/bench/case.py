@@ -3,10 +3,12 @@ before it:
 
     python -m memfit.bench.case SPEC.json RESULT.json
 
-SPEC.json holds ``{"case": name, "config": YAML-shaped mapping}`` (written by
-``bench.runner``). memfit cases run ``memfit.train`` on the mapping and return the
-records of its metrics.jsonl; peers run their loop (``bench.peers``) on the batches
-``memfit.train`` would draw. RESULT.json gets ``{"records": [...]}``.
+SPEC.json holds ``{"case": name, "peer": a bench.peers loop or null, "config":
+YAML-shaped mapping}`` (written by ``bench.runner.spawn``). memfit cases (peer null: the
+suite's, and the strategies of ``memfit bench CONFIG``) run ``memfit.train`` on the
+mapping and return the records of its metrics.jsonl; peers run their loop
+(``bench.peers``) on the batches ``memfit.train`` would draw. RESULT.json gets
+``{"records": [...]}``.
 """
 
 from __future__ import annotations
@@ -19,14 +21,12 @@ from typing import Any
 
 import torch
 
-from memfit.bench.cases import BY_NAME
 from memfit.bench.process import write_result
 from memfit.techniques.config_checks import from_mapping
 
 
-def run_case(name: str, mapping: dict[str, Any]) -> list[dict[str, Any]]:
-    case = BY_NAME[name]
-    if case.peer is None:
+def run_case(peer: str | None, mapping: dict[str, Any]) -> list[dict[str, Any]]:
+    if peer is None:
         from memfit.monitor.metrics import read_metrics
         from memfit.training.api import train
 
@@ -44,13 +44,13 @@ def run_case(name: str, mapping: dict[str, Any]) -> list[dict[str, Any]]:
     batches = list(islice(batches_like_memfit(config, tokenizer), config.train.max_steps))
     seed_everything(config.train.seed)  # as memfit.train does before building (LoRA init)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return run_peer(case.peer, folder, config, batches, device)
+    return run_peer(peer, folder, config, batches, device)
 
 
 def main(argv: list[str]) -> int:
     spec_path, result_path = (Path(argument) for argument in argv)
     spec = json.loads(spec_path.read_text())
-    records = run_case(spec["case"], spec["config"])
+    records = run_case(spec["peer"], spec["config"])
     write_result(result_path, {"records": records})
     return 0
 

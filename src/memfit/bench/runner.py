@@ -62,6 +62,13 @@ class CaseOutcome:
     records: list[dict[str, Any]]
     plan_bytes: int | None
     note: str | None  # skipped or failed: why (records empty)
+    predicted_seconds: float | None = None  # the planner's step time for the case
+
+    @property
+    def row(self) -> Row:
+        if self.note:
+            return Row(self.case.name, None, {}, None, None, None, False, None, self.note)
+        return summarize(self.case.name, self.records, self.plan_bytes, self.predicted_seconds)
 
 
 @dataclass(frozen=True)
@@ -116,22 +123,28 @@ def slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
-def _plan_bytes(mapping: dict[str, Any], device: torch.device) -> int | None:
-    """The planner's peak for exactly this configuration (``memfit.plan(...).config``
-    without the other strategies, which the table does not need)."""
+def planned(mapping: dict[str, Any], device: torch.device) -> tuple[int | None, float | None]:
+    """The planner's peak tensor bytes and step seconds for exactly this configuration
+    (``memfit.plan(...).config`` without the other strategies, which the table does not
+    need); (None, None) where it cannot be planned."""
     from memfit.plan import estimate
+    from memfit.plan.planned_device import planned_device
     from memfit.plan.planner import as_config
+    from memfit.plan.step_time import step_time
 
     try:
-        return estimate(as_config(mapping), device.type).peak_tensor_bytes
+        planned_estimate = estimate(as_config(mapping), device.type)
+        profile = planned_device(device.type).profile
     except MemfitError:
-        return None
+        return None, None
+    return planned_estimate.peak_tensor_bytes, step_time(planned_estimate.work, profile).seconds
 
 
-def claim_out_folder(out: Path, cases: list[Case], model: str) -> None:
+def claim_out_folder(out: Path, cases: list[Case], model: str | None) -> None:
     """Make ``out`` this bench's, before any case runs: a new or empty folder, or one a
     bench made before; ConfigError naming what is there otherwise, or when one of the
-    entries a bench writes is a link or of the wrong kind."""
+    entries a bench writes is a link or of the wrong kind. ``model``: the bench model whose
+    folder it writes under model/ (None: the user's own job, which writes none)."""
     key = f"memfit bench --out {out}"
     checkpoint = enclosing_checkpoint(out)
     if checkpoint is not None:
@@ -152,20 +165,24 @@ def claim_out_folder(out: Path, cases: list[Case], model: str) -> None:
         if problem is not None:
             raise ConfigError(f"{key} cannot be created: {problem}")
     names = [slug(case.name) for case in cases]
-    check_layout(out, {**_LAYOUT, f"model/{model}": FOLDER,
+    check_layout(out, {**_LAYOUT, **({f"model/{model}": FOLDER} if model else {}),
                        **{f"specs/{name}.json": FILE for name in names},
                        **{f"results/{name}.json": FILE for name in names},
                        **{f"logs/{name}.log": FILE for name in names}})
     write_text(out / BENCH_MARKER, json.dumps({"written_by": "memfit bench"}))
 
 
-def _spawn(case: Case, mapping: dict[str, Any], out: Path) -> list[dict[str, Any]]:
-    """Run one case in a child process and return its records. Raises CaseFailed."""
+def spawn(case: Case, mapping: dict[str, Any], out: Path, one_thread: bool = True
+          ) -> list[dict[str, Any]]:
+    """Run one case in a child process and return its records. Raises CaseFailed.
+    ``one_thread`` (CPU only): the child computes on one thread (see below); False keeps
+    this machine's threads, as the planner's calibration of it does."""
     name = slug(case.name)
     spec, result = out / "specs" / f"{name}.json", out / "results" / f"{name}.json"
-    write_text(spec, json.dumps({"case": case.name, "config": mapping}, indent=2))
+    write_text(spec, json.dumps({"case": case.name, "peer": case.peer, "config": mapping},
+                                indent=2))
     env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
-    if not torch.cuda.is_available():
+    if one_thread and not torch.cuda.is_available():
         # One thread per case: on a shared or small CPU, intra-op threads waiting on each
         # other make step times swing several-fold; one thread keeps the ratios steady.
         env["OMP_NUM_THREADS"] = "1"
@@ -182,9 +199,7 @@ def run_bench(suite: str = "all", model: str = "demo-base", out: Path | str = "b
     started = time.perf_counter()
     if suite not in SUITES:
         raise ConfigError(f"--suite {suite!r} is not one of: {', '.join(SUITES)}")
-    steps = SUITES[suite] if steps is None else steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"--steps must be a positive integer, got {steps!r}")
+    steps = check_steps(SUITES[suite] if steps is None else steps)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     settings = bench_model(model, device)
     chosen = select(cases)
@@ -193,73 +208,102 @@ def run_bench(suite: str = "all", model: str = "demo-base", out: Path | str = "b
     folder, data = materialize(model, out)
     base = base_mapping(settings, folder, data, steps, memory_every(suite, steps))
 
-    outcomes = []
-    for index, case in enumerate(chosen, start=1):
-        run_dir = out / "runs" / slug(case.name)
-        mapping = case_mapping(base, case, run_dir)
-        missing = case.missing()
-        if missing:
-            note = f"skipped: {', '.join(missing)} not installed"
-            outcomes.append(CaseOutcome(case, [], None, note))
-            on_progress(f"[{index}/{len(chosen)}] {case.name}: {note}")
-            continue
-        # A previous bench's run of this case: memfit.train refuses to overwrite a run. In a
-        # bench folder the name is bench's own; a link there is removed itself.
-        remove_entry(run_dir)
-        case_started = time.perf_counter()
-        try:
-            records, note = _spawn(case, mapping, out), None
-        except CaseFailed as failure:
-            records = []
-            note = f"failed: {failure.last_line[:160]} (see logs/{slug(case.name)}.log)"
-        outcomes.append(CaseOutcome(case, records, _plan_bytes(mapping, device), note))
-        on_progress(f"[{index}/{len(chosen)}] {case.name}: "
-                    f"{note or 'done'} ({time.perf_counter() - case_started:.0f} s)")
-
-    rows = [summarize(o.case.name, o.records, o.plan_bytes) if not o.note
-            else Row(o.case.name, None, {}, None, None, None, False, None, o.note)
-            for o in outcomes]
+    planned_cases = []
+    for case in chosen:
+        mapping = case_mapping(base, case, out / "runs" / slug(case.name))
+        planned_cases.append((case, mapping, *planned(mapping, device)))
+    outcomes = run_cases(planned_cases, out, on_progress)
+    rows = [outcome.row for outcome in outcomes]
     wall = time.perf_counter() - started
-    markdown = _write_outputs(out, suite, model, settings, device, steps, outcomes, rows, wall)
-    return BenchResult(out, markdown, rows, outcomes, wall)
-
-
-def _write_outputs(out: Path, suite: str, model: str, settings: BenchModel,
-                   device: torch.device, steps: int, outcomes: list[CaseOutcome],
-                   rows: list[Row], wall: float) -> str:
     every = memory_every(suite, steps)
-    pairs = [(o.case.mirrors, o.case.name) for o in outcomes if o.case.mirrors]
     meter = ("exact live tensor bytes (memfit's CPU tensor tracker)" if device.type == "cpu"
              else "torch.cuda.max_memory_allocated; activations = peak - weights - grads - "
                   "optimizer")
-    parts = [
+    heading = [
         f"# memfit bench --suite {suite} --model {model} --steps {steps}",
         "",
         f"{settings.description}; {settings.data_format} data, micro-batch "
         f"{settings.micro_batch_size} x {settings.max_length} tokens; {steps} steps per case, "
         f"seed 0, constant lr, no clipping; device {device.type}"
-        f"{' (one thread per case)' if device.type == 'cpu' else ''}; memory measured on every "
-        f"{'' if every == 1 else f'{every}th '}step: {meter}. Wall time {wall / 60:.1f} min.",
+        f"{' (one thread per case)' if device.type == 'cpu' else ''}; memory measured on "
+        f"{measured_steps(every)}: {meter}. Wall time {wall / 60:.1f} min.",
         "",
         markdown_table(rows, BASELINE),
         "",
         f"Ratios (x) are to `{BASELINE}`. plan = `memfit.plan.estimate(config, "
         f"\"{device.type}\")` peak tensor bytes of the case's memfit configuration "
         "(for a peer: the memfit configuration doing the same job); plan error = (plan - "
-        "measured) / measured. step ms: median over steps other than the first and the "
-        "memory-measured ones (`*`: every step was measured, so it includes the tracker's "
-        "cost). final loss: mean training loss of the last 5 steps (same batches for all).",
+        f"measured) / measured. {TIME_COLUMNS}",
     ]
+    pairs = [(o.case.mirrors, o.case.name) for o in outcomes if o.case.mirrors]
     pairs_markdown = pairs_table(rows, pairs)
     if pairs_markdown:
-        parts += ["", "## memfit against the peer doing the same job", "", pairs_markdown]
-    markdown = "\n".join(parts) + "\n"
+        heading += ["", "## memfit against the peer doing the same job", "", pairs_markdown]
+    markdown = write_outputs(out, heading, outcomes, rows, {
+        "suite": suite, "model": model, "device": device.type, "steps": steps,
+        "wall_seconds": wall})
+    return BenchResult(out, markdown, rows, outcomes, wall)
+
+
+# What the time columns of every bench table mean.
+TIME_COLUMNS = (
+    "step ms: median over steps other than the first and the memory-measured ones (`*`: "
+    "every step was measured, so it includes the tracker's cost); plan step ms: the "
+    "planner's step time for the case's memfit configuration on this device's profile; "
+    "time error = (plan - measured) / measured. final loss: mean training loss of the last "
+    "5 steps (same batches for all).")
+
+
+def measured_steps(every: int) -> str:
+    """Which steps log.memory_every=``every`` measures, in words."""
+    return "every step" if every == 1 else f"steps {every}, {2 * every}, ..."
+
+
+def check_steps(steps: Any) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"--steps must be a positive integer, got {steps!r}")
+    return steps
+
+
+def run_cases(planned_cases: list[tuple[Case, dict[str, Any], int | None, float | None]],
+              out: Path, on_progress: Callable[[str], None], one_thread: bool = True
+              ) -> list[CaseOutcome]:
+    """Run each (case, its config mapping, planned bytes, planned seconds) in its own
+    process, in order; a case that fails or cannot run here is a note, not an error."""
+    outcomes = []
+    for index, (case, mapping, plan_bytes, predicted) in enumerate(planned_cases, start=1):
+        where = f"[{index}/{len(planned_cases)}] {case.name}"
+        missing = case.missing()
+        if missing:
+            note = f"skipped: {', '.join(missing)} not installed"
+            outcomes.append(CaseOutcome(case, [], None, note))
+            on_progress(f"{where}: {note}")
+            continue
+        # A previous bench's run of this case: memfit.train refuses to overwrite a run. In a
+        # bench folder the name is bench's own; a link there is removed itself.
+        remove_entry(out / "runs" / slug(case.name))
+        case_started = time.perf_counter()
+        try:
+            records, note = spawn(case, mapping, out, one_thread), None
+        except CaseFailed as failure:
+            records = []
+            note = f"failed: {failure.last_line[:160]} (see logs/{slug(case.name)}.log)"
+        outcomes.append(CaseOutcome(case, records, plan_bytes, note, predicted))
+        on_progress(f"{where}: {note or 'done'} ({time.perf_counter() - case_started:.0f} s)")
+    return outcomes
+
+
+def write_outputs(out: Path, markdown_parts: list[str], outcomes: list[CaseOutcome],
+                  rows: list[Row], about: dict[str, Any]) -> str:
+    """bench.md (``markdown_parts``, one per line), results.json (``about``, then every
+    case's plan and records) and the PNGs; returns the markdown."""
+    markdown = "\n".join(markdown_parts) + "\n"
     write_text(out / "bench.md", markdown)
     write_text(out / "results.json", json.dumps({
-        "suite": suite, "model": model, "device": device.type, "steps": steps,
-        "wall_seconds": wall,
+        **about,
         "cases": [{"name": o.case.name, "plan_peak_tensor_bytes": o.plan_bytes,
-                   "note": o.note, "records": o.records} for o in outcomes]}, indent=1))
+                   "plan_step_seconds": o.predicted_seconds, "note": o.note,
+                   "records": o.records} for o in outcomes]}, indent=1))
     measured = [o for o in outcomes if o.records]
     if any(row.peak_bytes for row in rows):
         plots.memory_bars(rows, out / "memory.png")

@@ -1,7 +1,8 @@
 """From each case's records to one row of numbers, and rows to markdown tables.
 
 A case's records are metrics.jsonl lines (``step``, ``loss``, ``tokens``,
-``step_seconds``; memory keys on measured steps). Per case:
+``step_seconds``; memory keys on measured steps; a model.factory's count no ``tokens``).
+Per case:
 
 - memory: the measured step with the highest ``memory_peak_bytes``, split by category;
 - speed: the median ``step_seconds`` and tokens/s over the *timed* steps — every step but
@@ -37,23 +38,29 @@ class Row:
     timed_with_tracker: bool  # no step was left untracked: times include the tracker
     final_loss: float | None
     note: str | None = None  # skipped or failed: why
+    # the planner's step time for the case's memfit config (plan.step_time), seconds
+    predicted_seconds: float | None = None
 
 
-def summarize(name: str, records: Sequence[Record], plan_bytes: int | None) -> Row:
+def summarize(name: str, records: Sequence[Record], plan_bytes: int | None,
+              predicted_seconds: float | None = None) -> Row:
     measured = [r for r in records if RECORD_PEAK_KEY in r]
     peak = max(measured, key=lambda r: r[RECORD_PEAK_KEY], default=None)
     timed = [r for r in records if r["step"] > 1 and RECORD_PEAK_KEY not in r]
     with_tracker = not timed
     timed = timed or list(records)
     seconds = statistics.median(r["step_seconds"] for r in timed) if timed else None
+    # A model.factory's records count no tokens (its batches are arrays, not text).
+    counted = timed and all("tokens" in r for r in timed)
     tokens_per_second = (sum(r["tokens"] for r in timed) / sum(r["step_seconds"] for r in timed)
-                         if timed else None)
+                         if counted else None)
     losses = [r["loss"] for r in sorted(records, key=lambda r: r["step"])
               if not math.isnan(r["loss"])]
     final = statistics.fmean(losses[-FINAL_LOSS_STEPS:]) if losses else None
     return Row(name, peak[RECORD_PEAK_KEY] if peak else None,
                {c: peak.get(record_key(c), 0) for c in CATEGORIES} if peak else {},
-               plan_bytes, seconds, tokens_per_second, with_tracker, final)
+               plan_bytes, seconds, tokens_per_second, with_tracker, final, None,
+               predicted_seconds)
 
 
 def _ratio(value: float | None, baseline: float | None) -> str:
@@ -66,10 +73,15 @@ def _bytes(value: int | None) -> str:
     return format_bytes(value) if value is not None else "-"
 
 
-def _plan_error(row: Row) -> str:
-    if row.plan_bytes is None or not row.peak_bytes:
+def _error(planned: float | None, measured: float | None) -> str:
+    """(planned - measured) / measured, signed: below 0, the plan was short."""
+    if planned is None or not measured:
         return "-"
-    return f"{(row.plan_bytes - row.peak_bytes) / row.peak_bytes:+.1%}"
+    return f"{(planned - measured) / measured:+.1%}"
+
+
+def _milliseconds(seconds: float | None, star: str = "") -> str:
+    return "-" if seconds is None else f"{seconds * 1000:.1f}{star}"
 
 
 def _markdown(header: list[str], lines: list[list[str]]) -> str:
@@ -77,11 +89,12 @@ def _markdown(header: list[str], lines: list[list[str]]) -> str:
     return "\n".join("| " + " | ".join(cells) + " |" for cells in [header, align, *lines])
 
 
-def markdown_table(rows: Sequence[Row], baseline: str) -> str:
-    """The side-by-side table; ratios are to the row named ``baseline`` (``-`` if absent)."""
+def markdown_table(rows: Sequence[Row], baseline: str, ratio_title: str = "x AdamW") -> str:
+    """The side-by-side table; ratios are to the row named ``baseline`` (``-`` if absent),
+    the peak's under ``ratio_title``."""
     base = next((row for row in rows if row.name == baseline and not row.note), None)
-    header = ["case", *CATEGORIES, "peak", "x AdamW", "plan", "plan error", "step ms",
-              "x time", "tokens/s", "final loss", "x loss"]
+    header = ["case", *CATEGORIES, "peak", ratio_title, "plan", "plan error", "step ms",
+              "plan step ms", "time error", "x time", "tokens/s", "final loss", "x loss"]
     lines = []
     for row in rows:
         if row.note:
@@ -91,8 +104,9 @@ def markdown_table(rows: Sequence[Row], baseline: str) -> str:
         lines.append([
             row.name, *(_bytes(row.by_category.get(c)) for c in CATEGORIES),
             _bytes(row.peak_bytes), _ratio(row.peak_bytes, base and base.peak_bytes),
-            _bytes(row.plan_bytes), _plan_error(row),
-            f"{row.step_seconds * 1000:.1f}{star}" if row.step_seconds is not None else "-",
+            _bytes(row.plan_bytes), _error(row.plan_bytes, row.peak_bytes),
+            _milliseconds(row.step_seconds, star), _milliseconds(row.predicted_seconds),
+            _error(row.predicted_seconds, row.step_seconds),
             _ratio(row.step_seconds, base and base.step_seconds),
             f"{row.tokens_per_second:,.0f}" if row.tokens_per_second else "-",
             f"{row.final_loss:.4f}" if row.final_loss is not None else "-",

@@ -28,7 +28,6 @@ def _split_arguments(arguments: list[str]) -> tuple[str | None, list[str]]:
 
 def _resolve_train_config(args: argparse.Namespace):
     from memfit.config.code_trust import refuse_untrusted_code
-    from memfit.config.load import read_yaml
     from memfit.techniques.config_checks import load_config
 
     config_path, overrides = _split_arguments(args.arguments)
@@ -41,8 +40,16 @@ def _resolve_train_config(args: argparse.Namespace):
         config = load_config(saved, overrides)
         refuse_untrusted_code(config, f"--resume {args.resume}: its config.yaml", args.trust_code)
         return config
+    return _job_config(config_path, overrides)
+
+
+def _job_config(config_path: str | None, overrides: list[str]):
+    """A job as ``memfit train`` takes it: CONFIG.yaml and overrides, or without a file the
+    built-in demo with the overrides on top."""
+    from memfit.config.load import read_yaml
+    from memfit.techniques.config_checks import load_config
+
     if config_path is None:
-        # No config file: the built-in demo is the base, overrides apply on top of it.
         from memfit.demo.defaults import demo_config_path
 
         return load_config(None, overrides, base=read_yaml(demo_config_path()))
@@ -194,8 +201,27 @@ def _command_plan(args: argparse.Namespace) -> int:
 def _command_bench(args: argparse.Namespace) -> int:
     from memfit.bench import run_bench
 
-    result = run_bench(args.suite, args.model, args.out, args.steps, args.cases,
-                       on_progress=lambda line: print(f"memfit bench: {line}", file=sys.stderr))
+    def progress(line: str) -> None:
+        print(f"memfit bench: {line}", file=sys.stderr)
+
+    job = [name for name, given in [("CONFIG.yaml", args.arguments),
+                                    ("--strategies", args.strategies is not None),
+                                    ("--top", args.top is not None),
+                                    ("--budget", args.budget is not None)] if given]
+    suite = [name for name in ("suite", "model", "cases") if getattr(args, name) is not None]
+    if job:
+        if suite:
+            raise ConfigError(f"--{suite[0]} is the suite's; {job[0]} benches your own job "
+                              "(give one or the other)")
+        from memfit.bench.job import run_job_bench
+
+        config_path, overrides = _split_arguments(args.arguments)
+        label = " ".join(args.arguments) or "(the demo)"
+        result = run_job_bench(_job_config(config_path, overrides), label, args.strategies,
+                               args.top, args.steps, args.out, args.budget, progress)
+    else:
+        result = run_bench(args.suite or "all", args.model or "demo-base", args.out,
+                           args.steps, args.cases, on_progress=progress)
     print(result.markdown)
     print(f"written to    {result.out}/ (bench.md, results.json, memory.png, loss.png, "
           f"memory_over_steps.png, runs/, logs/) in {result.wall_seconds / 60:.1f} min")

@@ -34,6 +34,7 @@ def _add_trust_code(command: argparse.ArgumentParser, what: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from memfit.bench import defaults as bench_defaults
     from memfit.config.choices import TOKEN_FORMATS
     from memfit.config.devices import DATASHEETS
     from memfit.config.reference import help_text
@@ -160,21 +161,41 @@ def build_parser() -> argparse.ArgumentParser:
     plan.set_defaults(handler=_command_plan)
 
     bench = commands.add_parser(
-        "bench", help="memory, speed and quality of memfit's strategies and their peers",
-        description="Run memfit's strategies and the peers (plain PyTorch, bitsandbytes, "
-                    "PEFT, galore-torch, HF Trainer) on the same model, data and seed, each in "
-                    "its own process; print a markdown table and write it with PNGs to --out.")
-    bench.add_argument("--suite", default="all",
-                       help="memory (3 steps, all measured), speed (20), quality (60) or all "
-                            "(60); default all")
-    bench.add_argument("--model", default="demo-base",
-                       help="demo-base (default), tiny-llama, or llama-1b (CUDA only)")
+        "bench", help="your job under the plan's strategies, or memfit against its peers",
+        description="With CONFIG.yaml (or key=value overrides, or --strategies/--top): train "
+                    "your own job under the strategies of `memfit plan` — the names "
+                    "--strategies gives, or the --top N with the least predicted step time "
+                    "that fit — each in its own process with the same batches and seed, and "
+                    "put the measured peak and step time beside the planned ones. Without: "
+                    "the suite, memfit's strategies and the peers (plain PyTorch, "
+                    "bitsandbytes, PEFT, galore-torch, HF Trainer) on one bench model. Either "
+                    "way a markdown table is printed and written with PNGs to --out.")
+    bench.add_argument("arguments", nargs="*", metavar="[CONFIG.yaml] [key=value ...]",
+                       help="your job, as memfit train takes it (no CONFIG.yaml: the demo)")
+    bench.add_argument("--strategies", metavar="NAMES",
+                       help="your job: comma-separated strategies of `memfit plan` (config: "
+                            "the configuration as given), e.g. lora,lora+ckpt")
+    bench.add_argument("--top", type=int, metavar="N",
+                       help=f"your job: the N strategies with the least predicted step time "
+                            f"that fit --budget (default {bench_defaults.TOP})")
+    bench.add_argument("--budget",
+                       help="your job: what --top must fit, e.g. 24GiB (default: the GPU's "
+                            "memory; on a CPU every strategy counts)")
+    bench.add_argument("--suite",
+                       help="the suite: memory (3 steps, all measured), speed (20), quality "
+                            "(60) or all (60); default all")
+    bench.add_argument("--model",
+                       help="the suite: demo-base (default), tiny-llama, or llama-1b (CUDA "
+                            "only)")
     bench.add_argument("--out", default="bench-results", metavar="DIR",
                        help="folder for bench.md, results.json and the PNGs")
-    bench.add_argument("--steps", type=int, help="optimizer steps per case (default: the suite's)")
+    bench.add_argument("--steps", type=int,
+                       help=f"optimizer steps per case (default: your job's "
+                            f"{bench_defaults.STEPS}, "
+                            "the suite's for a suite)")
     bench.add_argument("--cases", metavar="NAMES",
-                       help="a group (all, memfit, peers, gpu-check) or comma-separated case "
-                            "names; default all")
+                       help="the suite: a group (all, memfit, peers, gpu-check) or "
+                            "comma-separated case names; default all")
     _add_debug(bench)
     bench.set_defaults(handler=_command_bench)
 

@@ -42,7 +42,8 @@ def test_all_steps_measured_are_timed_with_the_tracker():
 
 def test_markdown_table_ratios_plan_error_and_notes():
     base = summarize("base", _records([2.0] * 3, {3}, peak=1000), plan_bytes=1003)
-    half = summarize("half", _records([1.0] * 3, {3}, peak=500, seconds=1.0), 1006)
+    half = summarize("half", _records([1.0] * 3, {3}, peak=500, seconds=1.0), 1006,
+                     predicted_seconds=0.8)
     skipped = Row("missing", None, {}, None, None, None, False, None, "skipped: x not installed")
     table = markdown_table([base, half, skipped], baseline="base").splitlines()
     assert table[0].startswith("| case | weights | grads | optimizer | activations |")
@@ -50,8 +51,9 @@ def test_markdown_table_ratios_plan_error_and_notes():
     assert cells[0] == "half"
     assert cells[7] == "0.50"  # peak 503 / 1003
     assert cells[9] == "+100.0%"  # plan 1006 vs measured 503
-    assert cells[11] == "2.00"  # step time
-    assert cells[14] == "0.50"  # final loss
+    assert cells[10:13] == ["1000.0", "800.0", "-20.0%"]  # step ms: measured, planned
+    assert cells[13] == "2.00"  # step time
+    assert cells[16] == "0.50"  # final loss
     assert "skipped: x not installed" in table[4]
 
 
