@@ -84,3 +84,15 @@ def test_bad_input_is_one_line_and_writes_nothing(hf_job, tmp_path, arguments, f
                             cwd=tmp_path)
     assert_one_line_error(result, 2, *fragments)
     assert not (tmp_path / "bench").exists()
+
+
+def test_a_folder_it_does_not_own_is_refused_and_left_alone(hf_job, tmp_path):
+    from cli_helpers import tree_digest
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "results.json").write_text("{}")
+    before = tree_digest(mine)
+    result = run_in_process("bench", str(hf_job), "--top", "1", "--out", str(mine), cwd=tmp_path)
+    assert_one_line_error(result, 2, "is not a memfit bench folder", "results.json")
+    assert tree_digest(mine) == before
