@@ -1,4 +1,4 @@
-"""`memfit bench CONFIG`: a user's own job (a Hugging Face folder, a model.factory) under
+"""`memfit bench CONFIG`: a user's own job (a model.factory; a Hugging Face folder for bad input) under
 the plan's strategies, each in its own process, measured beside the plan; and its bad
 input, refused in one line before anything is written."""
 
@@ -35,15 +35,21 @@ def hf_job(tmp_path_factory) -> Path:
         "train": {"micro_batch_size": 2, "output_dir": str(folder / "run")}})
 
 
-def test_top_runs_the_fastest_planned_strategies_of_a_hugging_face_folder(hf_job, tmp_path):
+def test_top_runs_the_fastest_planned_strategies_of_a_factory_model(tmp_path):
+    """--top on a model.factory (the guide's test runs --strategies on a transformers job:
+    the order named, the same first loss)."""
     from memfit.plan.planner import load_plan_config, plan
+    from memfit.training.fit import example_batch
 
-    result = run_in_process("bench", str(hf_job), "--top", "2", "--steps", "3", "--out",
-                            str(tmp_path / "bench"), cwd=tmp_path)
+    config = regression_config(tmp_path, tmp_path / "run")
+    # A fresh process: the cases' processes import the factory from PYTHONPATH (cli_env).
+    result = run_cli("bench", str(config), "--top", "2", "--steps", "3", "--out",
+                     str(tmp_path / "bench"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     results = json.loads((tmp_path / "bench" / "results.json").read_text())
     # The two rows of the plan with the least predicted step time, fastest first.
-    planned = plan(load_plan_config(hf_job, []), device="cpu")
+    job = load_plan_config(config, [])
+    planned = plan(job, device="cpu", example_batch=example_batch(job))
     fastest = sorted(planned.strategies, key=lambda row: row.time.seconds)[:2]
     assert [case["name"] for case in results["cases"]] == [row.name for row in fastest]
     for case, row in zip(results["cases"], fastest, strict=True):
@@ -53,20 +59,6 @@ def test_top_runs_the_fastest_planned_strategies_of_a_hugging_face_folder(hf_job
         assert all("memory_peak_bytes" in r for r in case["records"] if r["step"] == 2)
     assert results["device_profile"] == {"name": "cpu", "source": "calibrated"}
     assert (tmp_path / "bench" / "bench.md").read_text().strip() in result.stdout
-
-
-def test_strategies_of_a_factory_model_in_the_order_named(tmp_path):
-    config = regression_config(tmp_path, tmp_path / "run")
-    # A fresh process: the cases' processes import the factory from PYTHONPATH (cli_env).
-    result = run_cli("bench", str(config), "--strategies", "full-adamw8bit,config",
-                     "--steps", "3", "--out", str(tmp_path / "bench"), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    rows = [line.split("|")[1].strip() for line in result.stdout.splitlines()
-            if line.startswith("| ") and "---" not in line]
-    assert rows == ["case", "full-adamw8bit", "config"]
-    results = json.loads((tmp_path / "bench" / "results.json").read_text())
-    assert all(case["note"] is None and case["plan_step_seconds"] > 0
-               for case in results["cases"])
 
 
 @pytest.mark.parametrize(("arguments", "fragments"), [
