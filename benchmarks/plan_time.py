@@ -51,6 +51,7 @@ _LORA = {"adapter": {"kind": "lora", "rank": 8, "targets": ["all-linear"]}}
 METHODS = {
     "adamw": {},
     "adamw+ckpt": {"memory": {"gradient_checkpointing": True}},
+    "adamw+ckpt-half": {"memory": {"gradient_checkpointing": True, "checkpoint_blocks": 0.5}},
     "adamw8bit": {"optimizer": {"name": "adamw8bit"}},
     "adafactor": {"optimizer": {"name": "adafactor"}},
     "galore": {"optimizer": {"name": "galore", "galore": {"rank": 32, "update_gap": 50}}},
@@ -58,6 +59,8 @@ METHODS = {
                                        "galore": {"rank": 32, "update_gap": 50}}},
     "lora": _LORA,
     "lora+ckpt": {**_LORA, "memory": {"gradient_checkpointing": True}},
+    "lora+ckpt-half": {**_LORA, "memory": {"gradient_checkpointing": True,
+                                           "checkpoint_blocks": 0.5}},
     "lora+offload": {**_LORA, "memory": {"activation_offload": True}},
     "lora+ckpt+offload": {**_LORA, "memory": {"gradient_checkpointing": True,
                                               "activation_offload": True}},
@@ -65,12 +68,13 @@ METHODS = {
 }
 # Which methods each architecture runs (the level pairs: adamw / adamw+ckpt, lora / ...).
 MATRIX = {
-    "llama": ("adamw", "adamw+ckpt", "adamw8bit", "adafactor", "galore", "galore-layerwise",
-              "lora", "lora+ckpt", "lora+offload", "lora+ckpt+offload", "qlora"),
+    "llama": ("adamw", "adamw+ckpt", "adamw+ckpt-half", "adamw8bit", "adafactor", "galore",
+              "galore-layerwise", "lora", "lora+ckpt", "lora+ckpt-half", "lora+offload",
+              "lora+ckpt+offload", "qlora"),
     "gpt2": ("adamw", "adamw+ckpt", "adamw8bit", "adafactor", "galore"),
     "gpt-neox": ("adamw", "adafactor", "lora", "lora+ckpt", "qlora"),
     "qwen2": ("adamw", "galore-layerwise", "lora", "lora+ckpt", "qlora"),
-    "autoencoder": ("adamw", "adamw+ckpt", "adafactor", "adamw8bit"),
+    "autoencoder": ("adamw", "adamw+ckpt", "adamw+ckpt-half", "adafactor", "adamw8bit"),
 }
 DDP_CASES = (("llama", "adamw"), ("llama", "lora"))
 

@@ -1,6 +1,6 @@
-"""`memfit bench CONFIG`: a user's own job (a model.factory; a Hugging Face folder for bad input) under
-the plan's strategies, each in its own process, measured beside the plan; and its bad
-input, refused in one line before anything is written."""
+"""`memfit bench CONFIG`: a user's own job (a model.factory here; the guide's test benches
+a transformers model) under the plan's strategies, each in its own process, measured
+beside the plan; and its bad input, refused in one line before anything is written."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ damaged, foreign or missing profile."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from cli_helpers import run_in_process
 
 from memfit._utils.errors import ConfigError
 from memfit.plan import estimate
+from memfit.plan.calibrate import ARITHMETIC
 from memfit.plan.devices import (
     BUILTIN,
     PROFILE_ENV,
@@ -64,6 +66,8 @@ def test_an_unknown_device_is_one_line_naming_the_choices(tmp_path):
 def test_a_profile_round_trips_through_its_json():
     profile = BUILTIN["l4"]
     assert _profile_from(json.loads(json.dumps(profile.to_json()))) == profile
+    priced = dataclasses.replace(profile, element_seconds={"bernoulli_": 5e-9, "tanh": 0.0})
+    assert _profile_from(json.loads(json.dumps(priced.to_json()))) == priced
 
 
 @pytest.mark.parametrize("content, reason", [
@@ -71,6 +75,8 @@ def test_a_profile_round_trips_through_its_json():
     (json.dumps({"version": PROFILE_VERSION, "name": "cpu"}), "damaged"),
     (json.dumps({**BUILTIN["l4"].to_json(), "op_seconds": -1}), "damaged"),
     (json.dumps({**BUILTIN["l4"].to_json(), "memory": [[2, 1], [1, 1]]}), "damaged"),
+    (json.dumps({**BUILTIN["l4"].to_json(), "element_seconds": {"tanh": -1}}), "damaged"),
+    (json.dumps({**BUILTIN["l4"].to_json(), "element_seconds": [1]}), "damaged"),
     (json.dumps({**BUILTIN["l4"].to_json(), "source": "calibrated"}), "for 'l4'"),
     (json.dumps(BUILTIN["l4"].to_json()), "for 'l4' (builtin)"),
 ])
@@ -113,5 +119,9 @@ def test_env_calibrate_measures_and_plan_calibrates_once_on_first_use(tmp_path, 
     measured = run_in_process("env", "--calibrate", cwd=tmp_path)
     assert measured.returncode == 0, measured.stderr
     assert "matmul float32" in measured.stdout and str(cache_path("cpu")) in measured.stdout
-    assert read_cached(cache_path("cpu"), "cpu").source == "calibrated"
+    calibrated = read_cached(cache_path("cpu"), "cpu")
+    assert calibrated.source == "calibrated"
+    # Every op the calibration prices per value, and the 8-bit optimizer's update.
+    assert set(calibrated.element_seconds) == {*ARITHMETIC, "adamw8bit"}
+    assert all(seconds >= 0 for seconds in calibrated.element_seconds.values())
     assert json.loads(FIXED.read_text())["version"] == PROFILE_VERSION  # the suite's own

@@ -5,6 +5,10 @@
   from 8 to L = 8192 (CUDA): the rate by a product's smallest dimension;
 - memory: an element-wise add of 4 KiB to 128 MiB moved (two reads, one write);
 - the host link: a 64 MiB copy each way (pinned on CUDA; on CPU the memcpy offload does);
+- per value, ops whose arithmetic rather than their bytes may set their time
+  (``ARITHMETIC``: dropout's random draws, tanh, exp, ...) on 2^20 fp32 values: what an op
+  took beyond its bytes at the memory table's rate, per value it wrote; and the same for
+  bitsandbytes' 8-bit AdamW step (``OPTIMIZER_ARITHMETIC``) per parameter value;
 - the host cost per op: a training step of transformers' Llama at its smallest (hidden 64,
   2 layers, 16 tokens), whose ops are counted as the planner counts them
   (work_count.WorkCount): what the step took beyond its device work, per op.
@@ -37,6 +41,18 @@ from memfit.plan.devices import (
 from memfit.plan.work_count import WorkCount
 
 _REPEAT_SECONDS = 0.05  # each measurement repeats for about this long
+# Op name (as work_count files it) -> a call of it on a tensor of values. The draws of
+# dropout's mask (bernoulli_), the tanh of tanh-approximated GELU (GPT-2 and others) and
+# its backward, exp, and the activations and softmax transformers' models run.
+ARITHMETIC: dict[str, Callable[[torch.Tensor], object]] = {
+    "bernoulli_": lambda x: x.bernoulli_(0.9),
+    "tanh": torch.tanh,
+    "tanh_backward": lambda x: torch.ops.aten.tanh_backward(x, x),
+    "exp": torch.exp,
+    "silu": torch.nn.functional.silu,
+    "gelu": torch.nn.functional.gelu,
+    "_softmax": lambda x: torch.softmax(x.view(1024, -1), dim=-1),
+}
 
 
 def calibrate(device: str) -> DeviceProfile:
@@ -59,13 +75,16 @@ def calibrate(device: str) -> DeviceProfile:
     partial = DeviceProfile(local_name(device), "calibrated", matmul, memory, 0.0, host_link,
                             host_memory, host_flops, host_link, collective, not on_cpu)
     op_seconds = _op_seconds(partial, target, sync)
+    elements = {**_element_seconds(partial, target, empty, sync),
+                **_optimizer_seconds(partial, target, empty, sync)}
     memory_bytes = None if on_cpu else torch.cuda.get_device_properties(0).total_memory
     threads = f", {torch.get_num_threads()} threads" if on_cpu else ""
     return DeviceProfile(partial.name, "calibrated", matmul, memory, op_seconds, host_link,
                          host_memory, host_flops, host_link, collective, partial.asynchronous,
                          memory_bytes,
                          f"measured by memfit env --calibrate (torch {torch.__version__}"
-                         f"{threads}); collectives assumed at the host link's rate")
+                         f"{threads}); collectives assumed at the host link's rate",
+                         elements)
 
 
 def calibrate_and_cache(device: str) -> tuple[DeviceProfile, Path, float]:
@@ -137,6 +156,41 @@ def _host_link(target: torch.device, sync: Callable[[], None]) -> float:
     down = _seconds(lambda: host.copy_(source, non_blocking=True), sync)
     up = _seconds(lambda: source.copy_(host, non_blocking=True), sync)
     return nbytes / ((down + up) / 2)
+
+
+def _element_seconds(profile: DeviceProfile, target: torch.device, empty: float,
+                     sync: Callable[[], None]) -> dict[str, float]:
+    """Op name -> seconds per value written beyond the op's bytes (module docstring); the
+    bytes as work_count counts them, priced by ``profile``'s memory table."""
+    from memfit.plan.step_time import device_seconds
+
+    measured = {}
+    for name, call in ARITHMETIC.items():
+        values = torch.randn(2**20, device=target)
+        counting = _Counting()
+        with counting:
+            call(values)
+        work = counting.work.result()
+        seconds = _seconds(lambda call=call, values=values: call(values), sync) - empty
+        written = work.amounts[("elements", name, 0)]
+        measured[name] = max(0.0, seconds - device_seconds(work, profile)) / written
+    return measured
+
+
+def _optimizer_seconds(profile: DeviceProfile, target: torch.device, empty: float,
+                       sync: Callable[[], None]) -> dict[str, float]:
+    """Update name -> seconds per parameter value of its step beyond the bytes its
+    Passes count, on one 1024 x 1024 fp32 weight."""
+    from memfit.optim.adamw8bit import AdamW8bit
+    from memfit.plan.step_time import device_seconds
+    from memfit.techniques.optimizers.step_work import ADAMW8BIT
+
+    weight = torch.nn.Parameter(torch.randn(1024, 1024, device=target))
+    weight.grad = torch.randn_like(weight)
+    optimizer = AdamW8bit([weight], lr=1e-3)
+    seconds = _seconds(optimizer.step, sync) - empty
+    counted = device_seconds(ADAMW8BIT.of(weight.numel()), profile)
+    return {ADAMW8BIT.arithmetic: max(0.0, seconds - counted) / weight.numel()}
 
 
 class _Counting(TorchDispatchMode):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +31,7 @@ Table = tuple[tuple[float, float], ...]
 # A profile file to use for this machine's device instead of its calibration (a machine
 # whose plans must not swing with its load: CI).
 PROFILE_ENV = "MEMFIT_DEVICE_PROFILE"
-PROFILE_VERSION = 3  # of the cache's format: a cache of another version is measured again
+PROFILE_VERSION = 4  # of the cache's format: a cache of another version is measured again
 CACHE_ENV = "MEMFIT_CACHE_DIR"
 
 
@@ -50,6 +50,9 @@ class DeviceProfile:
     asynchronous: bool  # ops are queued while the device works (CUDA): host time overlaps
     memory_bytes: int | None = None  # the device's memory (a builtin's budget default)
     note: str = ""  # where the figures come from
+    # op name -> seconds per value written beyond the op's bytes (calibrate.ARITHMETIC:
+    # ops a CPU computes slower than it moves their bytes); none for a GPU's builtin
+    element_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": PROFILE_VERSION, "name": self.name, "source": self.source,
@@ -61,7 +64,7 @@ class DeviceProfile:
                 "interconnect": self.interconnect,
                 "collective_seconds": self.collective_seconds,
                 "asynchronous": self.asynchronous, "memory_bytes": self.memory_bytes,
-                "note": self.note}
+                "note": self.note, "element_seconds": dict(self.element_seconds)}
 
 
 def _ramp(peak: float, half_size: float, sizes: range) -> Table:
@@ -188,6 +191,9 @@ def _profile_from(data: Any) -> DeviceProfile:
         raise ValueError("memory_bytes: expected a positive integer or null")
     if not isinstance(data["asynchronous"], bool):
         raise ValueError("asynchronous: expected true or false")
+    elements = data["element_seconds"]
+    if not isinstance(elements, dict) or len(elements) > 64:
+        raise ValueError("element_seconds: expected a mapping of op names to seconds")
     return DeviceProfile(
         _text(data["name"], "name"), _text(data["source"], "source"),
         {_text(dtype, "matmul dtype"): _table(table, f"matmul.{dtype}")
@@ -198,7 +204,9 @@ def _profile_from(data: Any) -> DeviceProfile:
         _positive(data["interconnect"], "interconnect"),
         _positive(data["collective_seconds"], "collective_seconds"), data["asynchronous"],
         memory_bytes,
-        _text(data["note"], "note", allow_empty=True))
+        _text(data["note"], "note", allow_empty=True),
+        {_text(op, "element_seconds op"): _positive(seconds, f"element_seconds.{op}", zero=True)
+         for op, seconds in elements.items()})
 
 
 def _text(value: Any, key: str, allow_empty: bool = False) -> str:
@@ -207,10 +215,12 @@ def _text(value: Any, key: str, allow_empty: bool = False) -> str:
     return value
 
 
-def _positive(value: Any, key: str) -> float:
+def _positive(value: Any, key: str, zero: bool = False) -> float:
+    """``value`` as a float: a finite number above 0 (or 0 too, with ``zero``)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            math.isfinite(value) and value > 0):
-        raise ValueError(f"{key}: expected a positive number, got {value!r}")
+            math.isfinite(value) and (value > 0 or zero and value == 0)):
+        wanted = "a number >= 0" if zero else "a positive number"
+        raise ValueError(f"{key}: expected {wanted}, got {value!r}")
     return float(value)
 
 

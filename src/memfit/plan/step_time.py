@@ -5,6 +5,8 @@ configuration, device-independent) priced with a device profile (devices.py).
                      the chunked loss, QLoRA's dequantization all run there):
                        device = matmul FLOPs / the profile's rate at each call's size
                               + bytes moved / its bandwidth at each call's size
+                              + values written x the profile's time per value of
+                                their op beyond its bytes (dropout's draws on a CPU)
                        host   = ops x the profile's host cost per op
                      summed on a synchronous device (CPU), the larger of the two on CUDA
                      (ops are queued while the device works);
@@ -77,12 +79,14 @@ def seconds(work: Work, profile: DeviceProfile) -> float:
 def device_seconds(work: Work, profile: DeviceProfile) -> float:
     """Matmul FLOPs and bytes moved, priced at the rate of each call's size class [2^k,
     2^(k+1)): a matmul's smallest side at its class's floor (sides are mostly powers of
-    two), bytes at its middle."""
+    two), bytes at its middle; values written at their op's time per value, if any."""
     total = 0.0
     for (kind, dtype, size), amount in work.amounts.items():
         if kind == "matmul":
             table = profile.matmul.get(dtype) or profile.matmul["float32"]
             total += amount / rate(table, 2.0**size)
+        elif kind == "elements":  # dtype holds the op's name
+            total += amount * profile.element_seconds.get(dtype, 0.0)
         else:
             total += amount / rate(profile.memory, 1.5 * 2.0**size)
     return total

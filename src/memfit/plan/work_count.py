@@ -8,7 +8,9 @@ bytes moved by the other ops, and one launch per op.
 - Views, ``empty`` and other ops that move no data: a launch only.
 - Gathers (embedding lookup, index_select, gather): the rows they read, not the table;
   fills (zeros, zero_; QLoRA's stand-in dequantization): the bytes they write.
-- Every other op: the bytes of its tensor inputs and outputs (read once, written once).
+- Every other op: the bytes of its tensor inputs and outputs (read once, written once),
+  and the values it writes under its name (an op the device's profile prices per value:
+  dropout's random draws).
 
 Checkpointing's recomputation, the tiled MLP's chunks and the chunked loss run in the trace
 as they run in training, so their work is counted here, op by op, with no rule of its own.
@@ -87,6 +89,7 @@ class WorkCount:
         moved = inputs + outputs
         if moved:
             self._add(("memory", "", size_class(moved)), moved)
+            self._add(("elements", packet.__name__, 0), _numel(out))
 
     def _add(self, key: Key, amount: int) -> None:
         self.calls[key] = self.calls.get(key, 0) + 1
@@ -122,6 +125,10 @@ def _side(packet: Any, args: tuple, out: Any) -> int:
 def _nbytes(tree: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(tree)
                if isinstance(t, torch.Tensor))
+
+
+def _numel(tree: Any) -> int:
+    return sum(t.numel() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
 def _named(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:

@@ -6,6 +6,9 @@ The planner prices it in seconds with a device profile (plan/devices.py, plan/st
   peak);
 - ``memory``: bytes read and written by every other op that touches data (element-wise
   ops, norms, softmax, casts, copies, the optimizer's update), by the size of one call;
+- ``elements``: the values those ops write, by op name: an op whose arithmetic, not its
+  bytes, sets its time (a random draw for dropout, a tanh) costs its device a time per
+  value beyond its bytes, which a calibration measures (plan/calibrate.py);
 - ``launches``: every op dispatched, views and metadata ops included: each costs the host a
   fixed time (Python, autograd and the dispatcher; on CUDA a kernel launch);
 - ``host_copy``: bytes copied device -> host (activation offload: the same bytes come back
@@ -21,8 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # (kind, dtype name, size class): kind "matmul" (FLOPs; the class of its smallest
-# dimension) or "memory" (bytes; the class of the bytes one call moves); dtype "" for
-# memory work.
+# dimension), "memory" (bytes; the class of the bytes one call moves; dtype "") or
+# "elements" (values written; the op's name in place of the dtype, class 0).
 Key = tuple[str, str, int]
 
 

@@ -18,10 +18,11 @@ from memfit.plan.ladder import KEEP_STATE, fastest_rung
 from memfit.plan.planned_device import planned_device
 from memfit.plan.planner import load_plan_config, plan
 from memfit.plan.search import with_fitted
-from memfit.plan.step_time import step_time
+from memfit.plan.step_time import device_seconds, step_time
 from memfit.plan.strategies import rungs, strategies, with_overrides
 from memfit.plan.trace import trace_micro_batch
 from memfit.techniques import checkpointing
+from memfit.techniques.optimizers.step_work import ADAMW8BIT
 from memfit.techniques.work import size_class
 
 PROFILE = planned_device("cpu").profile
@@ -101,6 +102,30 @@ def test_causal_attention_is_half_the_flops_of_full():
     full = traced_work(Attention(False), {"q": (1, 2, 128, 32)})
     causal = traced_work(Attention(True), {"q": (1, 2, 128, 32)})
     assert full.flops > 0 and causal.flops == full.flops // 2
+
+
+class DropoutBlocks(Blocks):
+    def __init__(self, sizes: list[int]) -> None:
+        super().__init__(sizes)
+        self.dropout = nn.Dropout(0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.dropout(x))
+
+
+def test_values_of_arithmetic_bound_ops_are_counted_and_priced_by_the_profile():
+    # Dropout on [8, 64] draws one random value per element (bernoulli_ on CPU).
+    work = traced_work(DropoutBlocks([64, 32]), {"x": (8, 64)})
+    assert work.amounts[("elements", "bernoulli_", 0)] == 8 * 64
+    plain = dataclasses.replace(PROFILE, element_seconds={})
+    priced = dataclasses.replace(PROFILE, element_seconds={"bernoulli_": 1e-6})
+    assert device_seconds(work, priced) - device_seconds(work, plain) == pytest.approx(
+        8 * 64 * 1e-6)
+    # The 8-bit AdamW update files its parameter values for the profile to price.
+    update = ADAMW8BIT.of(1000)
+    assert update.amounts[("elements", "adamw8bit", 0)] == 1000
+    assert update.memory_bytes == 4 * 4 * 1000  # its bytes as before: 4 passes
+    assert "adamw8bit" in PROFILE.element_seconds  # the suite's profile prices it
 
 
 def tiny(*overrides: str):

@@ -9,7 +9,9 @@ the implementations (an op reading two tensors and writing one is three passes):
 - torch AdamW (foreach): lerp_ m (3), mul_ + addcmul_ v (5), sqrt (2), div_ + add_ of the
   denominator (4), addcdiv_ into the weight (4), the decay's mul_ (2): 20 passes, 8 ops;
 - bitsandbytes AdamW8bit: one fused block-wise kernel reading weight, grad and 8-bit
-  moments and writing them back: ~4 passes, 2 ops;
+  moments and writing them back: ~4 passes, 2 ops; its arithmetic (dequantize, update,
+  requantize by a search of the code book) is filed as "adamw8bit" values, which a CPU
+  computes far slower than it moves their bytes (the profile's calibrated time per value);
 - Adafactor (foreach=False): row and column means of g^2 and the update: ~14 passes, 15 ops;
 - Lion: interpolation, sign, update and momentum: ~10 passes, 6 ops;
 - SGD: read the gradient, read and write the weight: 3 passes, 1 op;
@@ -44,14 +46,21 @@ StepWork = Callable[[Sequence[Any], Sequence[Any], Config], Work]
 class Passes:
     passes: float  # fp32 parameter-sized tensors read or written per step
     launches: int  # ops per parameter
+    # the values it updates filed under this name (techniques.work's "elements"), for an
+    # update whose arithmetic a device may take longer over than its bytes
+    arithmetic: str | None = None
 
     def of(self, numel: int) -> Work:
         """This update over ``numel`` values."""
-        return memory(int(self.passes * 4 * numel), self.launches)
+        work = memory(int(self.passes * 4 * numel), self.launches)
+        if self.arithmetic is None:
+            return work
+        key = ("elements", self.arithmetic, 0)
+        return work.plus(Work({key: 1}, {key: numel}))
 
 
 # The counts of the module docstring.
-ADAMW, ADAMW8BIT, ADAFACTOR = Passes(20, 8), Passes(4, 2), Passes(14, 15)
+ADAMW, ADAMW8BIT, ADAFACTOR = Passes(20, 8), Passes(4, 2, "adamw8bit"), Passes(14, 15)
 LION, SGD, OTHER = Passes(10, 6), Passes(3, 1), Passes(12, 8)
 
 
