@@ -13,14 +13,13 @@ metrics.jsonl. Printed: predicted, measured, error per case, then the targets of
   within 15% of the measured ratio;
 - every pair of cases whose measured times differ by more than 25% ordered correctly.
 
-The table is recorded in docs/planner.md ("Step time"). A benchmark, not a test: timings
+The table is recorded in docs/planner.md ("Step times"). A benchmark, not a test: timings
 swing on a shared machine; run it on a quiet one.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import os
 import statistics
@@ -45,6 +44,8 @@ from memfit.techniques.config_checks import from_mapping  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
+from plan_time_report import report  # noqa: E402
+
 SEQUENCE, MICRO_BATCH, IMAGE_SIDE = 256, 4, 64
 
 _LORA = {"adapter": {"kind": "lora", "rank": 8, "targets": ["all-linear"]}}
@@ -178,32 +179,6 @@ def measure_ddp(config, folder: Path) -> float:
                (Path(config.train.output_dir) / "metrics.jsonl").read_text().splitlines()]
     return statistics.median(r["step_seconds"] for r in records
                              if "step_seconds" in r and r["step"] > 2)
-
-
-def report(rows: list[tuple[str, str, float, float]]) -> list[str]:
-    """The targets' lines (module docstring) for (arch, method, predicted, measured) rows."""
-    errors = [abs(p / m - 1) for _, _, p, m in rows]
-    lines = [f"median |error| {statistics.median(errors):.1%} (target <= 15%), worst "
-             f"{max(errors):.1%} (target <= 35%), {len(rows)} cases"]
-    by_case = {(a, m): (p, t) for a, m, p, t in rows}
-    ratio_errors = []
-    for (arch, method), (predicted, measured) in by_case.items():
-        plain = method.split("+")[0]
-        if plain != method and (arch, plain) in by_case:
-            plain_predicted, plain_measured = by_case[(arch, plain)]
-            ratio_errors.append(((predicted / plain_predicted) / (measured / plain_measured) - 1,
-                                 f"{arch} {method}"))
-    if ratio_errors:
-        worst = max(ratio_errors, key=lambda item: abs(item[0]))
-        lines.append(f"level ratios: worst {worst[0]:+.1%} ({worst[1]}) of {len(ratio_errors)} "
-                     "(target within 15%)")
-    pairs = [(a, b) for a, b in itertools.combinations(rows, 2)
-             if max(a[3], b[3]) / min(a[3], b[3]) > 1.25]
-    wrong = [(a, b) for a, b in pairs if (a[2] < b[2]) != (a[3] < b[3])]
-    lines.append(f"ordering: {len(pairs) - len(wrong)} of {len(pairs)} pairs measured >25% "
-                 "apart ordered correctly" + "".join(
-                     f"; wrong: {a[0]} {a[1]} vs {b[0]} {b[1]}" for a, b in wrong[:5]))
-    return lines
 
 
 def main() -> None:

@@ -48,3 +48,44 @@ def test_readme_and_docs_quote_the_recorded_figures():
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert (f"within {statistics.median(errors):.1%} median, {max(errors):.1%} worst over "
             f"{len(errors)} cases") in readme
+
+
+def _step_time_table() -> tuple[list[tuple[str, str, float, float]], list[str]]:
+    """(arch, method, predicted, measured) of each row of the recorded benchmarks/plan_time.py
+    output in docs/planner.md ("Step times"), and its summary lines."""
+    text = PLANNER_DOC.read_text()
+    section = text[text.index("\n## Step times"):]
+    block = section[section.index("\narchitecture method"):]
+    lines = block[:block.index("```")].strip().splitlines()[1:]
+    row = re.compile(r"^(\S+) +(\S+) +([\d.]+)ms +([\d.]+)ms +([+-]\d+\.\d)%$")
+    rows = []
+    for line in lines:
+        found = row.match(line)
+        if found:
+            arch, method, predicted, measured, printed = found.groups()
+            rows.append((arch, method, float(predicted), float(measured)))
+    return rows, [line for line in lines if line and not row.match(line)]
+
+
+def test_the_step_time_summary_is_the_recorded_tables():
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from plan_time_report import report
+
+    rows, summary = _step_time_table()
+    assert len(rows) >= 30  # #35: at least 30 cases
+    # The printed lines, recomputed from the rows (the ms figures are rounded to 0.1 ms,
+    # so the recomputed percentages may differ in the last digit: compare the figures).
+    numbers = re.compile(r"[+-]?\d+\.?\d*")
+    for recomputed, recorded in zip(report(rows), summary, strict=True):
+        for a, b in zip(numbers.findall(recomputed), numbers.findall(recorded), strict=True):
+            assert abs(float(a) - float(b)) <= 0.2, (recomputed, recorded)
+
+
+def test_the_device_list_is_the_builtin_profiles():
+    from memfit.plan.devices import datasheet_rows
+
+    text = PLANNER_DOC.read_text()
+    for name, figures, source in datasheet_rows():
+        assert f"| `{name}` | {figures} | {source} |" in text
