@@ -1,6 +1,6 @@
-"""`memfit bench CONFIG`: a user's own job (a model.factory here; the guide's test benches
-a transformers model) under the plan's strategies, each in its own process, measured
-beside the plan; and its bad input, refused in one line before anything is written."""
+"""`memfit bench CONFIG`: a user's own job (a Hugging Face folder, a model.factory) under
+the plan's strategies, each in its own process, measured beside the plan; and its bad
+input, refused in one line before anything is written."""
 
 from __future__ import annotations
 
@@ -35,9 +35,21 @@ def hf_job(tmp_path_factory) -> Path:
         "train": {"micro_batch_size": 2, "output_dir": str(folder / "run")}})
 
 
+def test_strategies_of_a_hugging_face_folder_the_suite_builds(hf_job, tmp_path):
+    """~13 s: the plan, then one strategy trained in its own process (what bench is)."""
+    result = run_in_process("bench", str(hf_job), "--strategies", "config", "--steps", "2",
+                            "--out", str(tmp_path / "bench"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    (case,) = json.loads((tmp_path / "bench" / "results.json").read_text())["cases"]
+    assert case["name"] == "config" and case["note"] is None
+    assert [r["step"] for r in case["records"]] == [1, 2] and case["plan_step_seconds"] > 0
+    measured = max(r["memory_peak_bytes"] for r in case["records"] if "memory_peak_bytes" in r)
+    assert case["plan_peak_tensor_bytes"] >= measured  # the CPU tracker's exact bytes
+
+
 def test_top_runs_the_fastest_planned_strategies_of_a_factory_model(tmp_path):
-    """--top on a model.factory (the guide's test runs --strategies on a transformers job:
-    the order named, the same first loss)."""
+    """--top on a model.factory (the guide's test runs --strategies in the order named,
+    with the same first loss)."""
     from memfit.plan.planner import load_plan_config, plan
     from memfit.training.fit import example_batch
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from memfit.bench.runner import (
     check_steps,
     claim_out_folder,
     measured_steps,
+    memory_meter,
     run_cases,
     slug,
     write_outputs,
@@ -71,27 +73,25 @@ def run_job_bench(config: Config, label: str, strategies: str | None = None,
     if planned.calibrated:
         on_progress(planned.calibrated)
     chosen = choose(planned, strategies, top)
-    cases = [Case(name, overrides) for name, overrides, _, _ in chosen]
+    cases = [Case(row.name, row.overrides) for row in chosen]
     out = Path(out)
     # Memory on two steps (the tracker slows the steps it measures), time on the others.
     every = max(2, steps // 2)
     planned_cases = [(case, job_mapping(config, case.overrides, out / "runs" / slug(case.name),
-                                        steps, every), peak, seconds)
-                     for case, (_, _, peak, seconds) in zip(cases, chosen, strict=True)]
+                                        steps, every), row.peak_bytes, row.step_seconds)
+                     for case, row in zip(cases, chosen, strict=True)]
     claim_out_folder(out, cases, None)
     # This machine's threads, as its calibration (the predicted times) measured them.
     outcomes = run_cases(planned_cases, out, on_progress, one_thread=False)
     rows = [outcome.row for outcome in outcomes]
     wall = time.perf_counter() - started
     baseline = cases[0].name
-    meter = ("exact live tensor bytes (memfit's CPU tensor tracker)" if device.type == "cpu"
-             else "torch.cuda.max_memory_allocated")
     heading = [
         f"# memfit bench {label} --steps {steps}",
         "",
         f"{_model_name(config)}; {_batch(config)}; {steps} steps per "
         f"strategy, seed {config.train.seed}; device {device.type}; memory measured on "
-        f"{measured_steps(every)}: {meter}; step times planned with the "
+        f"{measured_steps(every)}: {memory_meter(device)}; step times planned with the "
         f"{planned.profile.name} profile ({planned.profile.source}). "
         f"Wall time {wall / 60:.1f} min.",
         "",
@@ -107,15 +107,25 @@ def run_job_bench(config: Config, label: str, strategies: str | None = None,
     return BenchResult(out, markdown, rows, outcomes, wall)
 
 
-def choose(planned: Plan, strategies: str | None, top: int | None
-           ) -> list[tuple[str, Overrides, int, float]]:
-    """(name, overrides, planned peak tensor bytes, planned step seconds) of each strategy
-    to run: those ``strategies`` names, in its order, or the ``top`` fastest that fit
-    (default: defaults.TOP), fastest first."""
-    rows = {AS_GIVEN: ({}, planned.config.peak_tensor_bytes, planned.config_time.seconds,
-                       True)}
-    rows.update({row.name: (row.overrides, row.estimate.peak_tensor_bytes, row.time.seconds,
-                            row.fits is not False) for row in planned.strategies})
+@dataclass(frozen=True)
+class PlannedRow:
+    """A row of the plan as the bench runs it."""
+
+    name: str  # the plan's row name, or AS_GIVEN
+    overrides: Overrides  # what the row changes in the user's config
+    peak_bytes: int  # planned peak tensor bytes
+    step_seconds: float  # planned seconds per optimizer step
+    fits: bool  # within the budget (a row of unknown fit counts as fitting)
+
+
+def choose(planned: Plan, strategies: str | None, top: int | None) -> list[PlannedRow]:
+    """The rows to run: those ``strategies`` names, in its order, or the ``top`` fastest
+    that fit (default: defaults.TOP), fastest first."""
+    rows = {AS_GIVEN: PlannedRow(AS_GIVEN, {}, planned.config.peak_tensor_bytes,
+                                 planned.config_time.seconds, True)}
+    rows.update({row.name: PlannedRow(row.name, row.overrides, row.estimate.peak_tensor_bytes,
+                                      row.time.seconds, row.fits is not False)
+                 for row in planned.strategies})
     if strategies is not None and top is not None:
         raise ConfigError("give --strategies NAMES or --top N, not both")
     if strategies is not None:
@@ -127,16 +137,16 @@ def choose(planned: Plan, strategies: str | None, top: int | None
             if name not in rows:
                 raise ConfigError(f"--strategies: {name!r} is not a strategy of this plan; "
                                   f"choose from: {', '.join(rows)}")
-        return [(name, *rows[name][:3]) for name in names]
+        return [rows[name] for name in names]
     top = defaults.TOP if top is None else top
     if isinstance(top, bool) or not isinstance(top, int) or top < 1:
         raise ConfigError(f"--top must be a positive integer, got {top!r}")
-    fitting = sorted((seconds, name) for name, (_, _, seconds, fits) in rows.items()
-                     if fits and name != AS_GIVEN)
+    fitting = sorted((row for row in rows.values() if row.fits and row.name != AS_GIVEN),
+                     key=lambda row: (row.step_seconds, row.name))
     if not fitting:
         raise ConfigError(f"no strategy fits {planned.budget_bytes} bytes; `memfit plan` says "
                           "which comes closest, or name some with --strategies")
-    return [(name, *rows[name][:3]) for _, name in fitting[:top]]
+    return fitting[:top]
 
 
 def job_mapping(config: Config, overrides: Overrides, run_dir: Path, steps: int, every: int

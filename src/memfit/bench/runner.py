@@ -216,9 +216,8 @@ def run_bench(suite: str = "all", model: str = "demo-base", out: Path | str = "b
     rows = [outcome.row for outcome in outcomes]
     wall = time.perf_counter() - started
     every = memory_every(suite, steps)
-    meter = ("exact live tensor bytes (memfit's CPU tensor tracker)" if device.type == "cpu"
-             else "torch.cuda.max_memory_allocated; activations = peak - weights - grads - "
-                  "optimizer")
+    meter = memory_meter(device) + ("" if device.type == "cpu" else
+                                    "; activations = peak - weights - grads - optimizer")
     heading = [
         f"# memfit bench --suite {suite} --model {model} --steps {steps}",
         "",
@@ -252,6 +251,12 @@ TIME_COLUMNS = (
     "planner's step time for the case's memfit configuration on this device's profile; "
     "time error = (plan - measured) / measured. final loss: mean training loss of the last "
     "5 steps (same batches for all).")
+
+
+def memory_meter(device: torch.device) -> str:
+    """What measured the peaks, as the header says it."""
+    return ("exact live tensor bytes (memfit's CPU tensor tracker)" if device.type == "cpu"
+            else "torch.cuda.max_memory_allocated")
 
 
 def measured_steps(every: int) -> str:
