@@ -54,12 +54,15 @@ PAPERS = [
      "torch's foreach step: a whole parameter group, ~25 GiB more); tensor bytes (the "
      "paper's 'GB' are GiB: 6.74e9 x 2 B = 12.55)"),
     ("torchtune README: Llama-3.1-8B QLoRA, batch 2, packed 2048", 7.4, GIB,
-     ["model.preset=llama-3.1-8b", "model.dtype=bfloat16", "adapter.kind=qlora", "adapter.rank=8",
+     ["model.path=<config.json of llama-3.1-8b>", "model.dtype=bfloat16", "adapter.kind=qlora",
+      "adapter.rank=8",
       "adapter.alpha=16", "precision=bf16", "memory.gradient_checkpointing=true",
       "memory.chunked_loss=true", "train.micro_batch_size=2", "data.max_length=2048"],
      "torchtune's recipe: bf16 model, rank 8 on all linear layers but the output, NF4 "
      "base with bf16 embedding and output layer, activation checkpointing, chunked "
-     "cross-entropy, fp32 AdamW on the adapters; peak allocated tensor bytes"),
+     "cross-entropy, fp32 AdamW on the adapters; peak allocated tensor bytes; planned as "
+     "the checkpoint's folder (its config.json), which is quantized one layer at a time "
+     "while it loads (a preset is built whole in model.dtype first)"),
 ]
 
 
@@ -115,8 +118,9 @@ def whole_run_summary(errors: list[float]) -> str:
 
 
 def paper_table() -> None:
+    folder = Path(tempfile.mkdtemp(prefix="plan-papers-"))
     for name, published, unit, overrides, assumptions in PAPERS:
-        result = estimate(load_plan_config(None, overrides))
+        result = estimate(load_plan_config(None, [_config_folder(o, folder) for o in overrides]))
         unit_name = "GB" if unit == GB else "GiB"
         with_overhead = result.device_bytes / unit
         tensors = result.peak_tensor_bytes / unit
@@ -126,6 +130,19 @@ def paper_table() -> None:
               f"CUDA overhead {with_overhead:.1f}")
         print("  " + ", ".join(f"{k} {v / unit:.2f}" for k, v in result.bytes.items()))
         print(f"  assumptions: {assumptions}\n")
+
+
+def _config_folder(override: str, folder: Path) -> str:
+    """``model.path=<config.json of PRESET>`` -> model.path of a folder holding only that
+    preset's config.json (a checkpoint's folder as the planner reads it: no weights)."""
+    key, _, value = override.partition("=")
+    if not (value.startswith("<config.json of ") and value.endswith(">")):
+        return override
+    from memfit.models.presets import PRESETS
+
+    preset = value.removeprefix("<config.json of ").removesuffix(">")
+    PRESETS[preset]().save_pretrained(folder / preset)
+    return f"{key}={folder / preset}"
 
 
 def main() -> None:

@@ -267,8 +267,11 @@ def trace_micro_batch(
             batch = make_batch()
             with autocast, offload:
                 loss = loss_sum(model, batch)
-            loss.backward()
-            del loss, batch
+            # Training backpropagates the sum over the step's items (training/step.py):
+            # the 0-dim sum and quotient both live through backward.
+            mean = loss / 1
+            mean.backward()
+            del loss, mean, batch
     finally:
         for handle in handles:
             handle.remove()

@@ -16,6 +16,10 @@ Two things are arranged so that what is counted is what a device would hold:
 - The tokenized splits are host memory on a GPU (each micro-batch is copied to the device;
   data/build.py), so ``build_datasets`` runs inside ``accounting.host_allocations`` and
   its tensors go to the tracker's host pool, not the device's peak.
+- Constants that libraries create when they are imported (peft's tuners make 144 bytes of
+  CPU tensors at module level) are host memory whatever the device, and a process imports
+  them once: peft is imported before the tracker is entered, so the first case measured
+  in a process counts what every later one does.
 """
 
 from __future__ import annotations
@@ -118,6 +122,8 @@ def _synchronous_loading() -> Iterator[None]:
 def measure_whole_run(config: Config, output_dir: Path) -> WholeRun:
     """Run ``memfit.train(config)`` into ``output_dir`` (a new folder) on CPU, measured
     whole: load, quantization, steps, evaluation, checkpoint and export."""
+    import peft  # noqa: F401  (its import-time constants: module docstring)
+
     from memfit.training.api import train
 
     config = replace(config, train=replace(config.train, output_dir=str(output_dir)))
