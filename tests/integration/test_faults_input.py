@@ -180,6 +180,15 @@ def test_plan_block_count_beyond_a_large_presets_depth(tmp_path: Path):
             "choose 0..32 or a fraction", command="plan")
 
 
+@pytest.mark.parametrize("override", ["memory.checkpoint_blocks=1.5", "train.epochs=nan"])
+def test_plan_number_outside_its_domain_prints_no_table(tmp_path: Path, override: str):
+    """memfit plan checks numbers as training does, before a line of the table."""
+    result = run_in_process("plan", "model.preset=tiny-llama", override, "--device", "cpu",
+                            cwd=tmp_path)
+    assert_one_line_error(result, 2, override.split("=")[0])
+    assert result.stdout == ""
+
+
 # --- data.max_length beyond the model's context --------------------------------------------
 
 def test_plan_max_length_beyond_the_context(tmp_path: Path):

@@ -35,7 +35,7 @@ from memfit.config.schema import (
 def validate(config: Config) -> None:
     check_control_characters(config)
     _check_model(config)
-    _check_numbers(config)
+    check_numbers(config)
     _check_combinations(config)
     _check_distributed(config)
     _check_nonfinite(config)
@@ -64,7 +64,8 @@ def _check_model(config: Config) -> None:
         raise ConfigError("data.path is not set: name a data file or folder")
 
 
-def _check_numbers(config: Config) -> None:
+def check_numbers(config: Config) -> None:
+    """Every number within its range (what a plan needs too: memfit plan checks these)."""
     check_int_limits(config)
     for key, value, (inside, valid) in _float_domains(config):
         # Written as "not inside": nan compares false both ways, so `value < 0` lets it pass.

@@ -26,9 +26,9 @@ from memfit.config.limits import (
     check_bytes,
     check_control_characters,
     check_count,
-    check_int_limits,
 )
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Task
+from memfit.config.validate import check_numbers
 from memfit.plan import meta
 from memfit.plan.choose import StrategyEstimate, check_preference, choose, itemized, sharded_first
 from memfit.plan.context import check_max_length
@@ -283,7 +283,8 @@ def load_plan_config(path: str | Path | None, overrides: list[str],
     # load.build_unvalidated converts and type-checks every key but skips config.validate, whose
     # not-yet-supported list would refuse keys the planner must still plan.
     config = load.build_unvalidated(Config, load.merge(raw, given))
-    check_int_limits(config)  # a plan of 10**23 examples per micro-batch would never end
+    # Numbers in range: a plan of 10**23 examples per micro-batch would never end.
+    check_numbers(config)
     check_control_characters(config)
     sources = [key for key in MODEL_SOURCES if getattr(config.model, key)]
     if len(sources) != 1:
