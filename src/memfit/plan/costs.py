@@ -26,8 +26,10 @@ def trainable_params(model: nn.Module, config: Config) -> list[Param]:
     """Trainable parameters (tied ones once), split as training's parameter groups are."""
     targets = spec_for(config).targets(model, config)
     embeddings = {id(p) for p in embedding_weights(model)}
+    linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     return [Param(tuple(parameter.shape), parameter.element_size(), decayed, projected,
-                  row_sparse=id(parameter) in embeddings)
+                  row_sparse=id(parameter) in embeddings,
+                  linear_weight=id(parameter) in linear)
             for decayed, projected, parameters in split_parameters(model, targets)
             for parameter in parameters]
 

@@ -184,11 +184,18 @@ def _step_work(config: Config, sizing: _Sizing, params: list[costs.Param], devic
     traffic = strategy_for(config).traffic(
         TrafficSizes(costs.grad_bytes(params), sizing.sharded_bytes, units), config)
     train = config.train
-    tokens = (train.micro_batch_size * token_shape(config).length
-              * train.gradient_accumulation_steps * config.distributed.nproc
-              if config.model.task in (Task.CAUSAL_LM, Task.SEQUENCE_CLASSIFICATION)
-              and not config.model.factory else None)
-    return StepWork(sizing.trace.work, train.gradient_accumulation_steps, optimizer, offload,
+    micro_batch_tokens = (train.micro_batch_size * token_shape(config).length
+                          if config.model.task in (Task.CAUSAL_LM, Task.SEQUENCE_CLASSIFICATION)
+                          and not config.model.factory else None)
+    micro_batch = sizing.trace.work
+    if spec.backward_work is not None and micro_batch_tokens is not None:
+        # Where the optimizer changes backward (GaLore's projected gradients); a factory's
+        # tokens per linear layer are unknown, so its backward stays as traced.
+        not_done, done = spec.backward_work(params, config, micro_batch_tokens)
+        micro_batch = micro_batch.minus(not_done).plus(done)
+    tokens = (None if micro_batch_tokens is None else micro_batch_tokens
+              * train.gradient_accumulation_steps * config.distributed.nproc)
+    return StepWork(micro_batch, train.gradient_accumulation_steps, optimizer, offload,
                     2 * 4 * sum(p.numel for p in rows) if offload else 0, traffic, tokens)
 
 

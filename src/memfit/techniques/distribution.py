@@ -33,7 +33,7 @@ from memfit.techniques.distribution_traffic import (
     no_traffic,
 )
 from memfit.techniques.moments import Moment, StepBytes
-from memfit.techniques.optimizers.build import projects_in_backward
+from memfit.techniques.optimizers.galore import projects_in_backward
 from memfit.techniques.optimizers.registry import spec_for
 
 

@@ -16,7 +16,7 @@ The planner prices it in seconds with a device profile (plan/devices.py, plan/st
 
 Calls are grouped by size in powers of two (``size_class``), so a trace of a 70B model's
 stand-ins stays a few dozen numbers and extrapolates in depth like the bytes do. Every
-field is linear in what it counts: ``plus``, ``times`` and ``grown`` keep it so.
+field is linear in what it counts: ``plus``, ``minus``, ``times`` and ``grown`` keep it so.
 """
 
 from __future__ import annotations
@@ -44,6 +44,17 @@ class Work:
     def plus(self, other: Work) -> Work:
         return Work(_sum(self.calls, other.calls), _sum(self.amounts, other.amounts),
                     self.launches + other.launches, self.host_copy + other.host_copy)
+
+    def minus(self, other: Work) -> Work:
+        """This work without ``other``'s, key by key, never below 0: a spec's account of
+        work the trace counted but training does not do (GaLore's full weight gradients);
+        an amount the trace filed under another key stays counted."""
+        def less(a: dict[Key, int], b: dict[Key, int]) -> dict[Key, int]:
+            return {key: max(0, value - b.get(key, 0)) for key, value in a.items()}
+
+        return Work(less(self.calls, other.calls), less(self.amounts, other.amounts),
+                    max(0, self.launches - other.launches),
+                    max(0, self.host_copy - other.host_copy))
 
     def times(self, factor: int) -> Work:
         return Work({k: v * factor for k, v in self.calls.items()},

@@ -142,6 +142,22 @@ def test_each_optimizer_spec_owns_its_step_work():
     assert galore.flops > 0  # its projections and refresh
 
 
+def test_galores_gradients_projected_in_backward_replace_the_full_weight_gradients():
+    # update_gap 2: one step in two keeps P and takes R = P^T G from backward.
+    options = ["optimizer.name=galore", "optimizer.galore.rank=4",
+               "optimizer.galore.update_gap=2", "precision=fp32"]
+    config = tiny(*options)
+    tokens = config.train.micro_batch_size * 32
+    linear = [p for p in estimate_params(config) if p.projected and p.linear_weight]
+    assert linear  # the tiny Llama's attention and MLP weights
+    full = sum(2 * tokens * out * inputs for out, inputs in (p.shape for p in linear))
+    projected = sum(2 * tokens * 4 * (out + inputs) for out, inputs in (p.shape for p in linear))
+    galore = estimate(config, "cpu").work.micro_batch
+    traced = estimate(tiny(*options, "optimizer.galore.project_in_backward=false"),
+                      "cpu").work.micro_batch
+    assert traced.flops - galore.flops == full // 2 - projected // 2
+
+
 def estimate_params(config):
     from memfit.plan import meta
     from memfit.plan.costs import trainable_params

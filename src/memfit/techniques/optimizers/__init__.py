@@ -8,7 +8,8 @@ Adding an optimizer: its update rule (memfit/optim/ or a library), one file here
 SPEC (its options and their defaults included), one line in registry.py, its tests.
 """
 
-from memfit.techniques.optimizers.build import build_optimizer, projects_in_backward
+from memfit.techniques.optimizers.build import build_optimizer
+from memfit.techniques.optimizers.galore import projects_in_backward
 from memfit.techniques.optimizers.registry import SPECS, spec_for
 from memfit.techniques.optimizers.spec import OptimizerSpec, Param, ParamCost
 

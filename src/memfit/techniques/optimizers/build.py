@@ -23,29 +23,11 @@ from torch import nn
 from torch.optim import Optimizer
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import (
-    Config,
-    DistributedStrategy,
-    GaloreProjector,
-    Precision,
-)
+from memfit.config.schema import Config
 from memfit.distributed.fsdp import is_sharded
+from memfit.techniques.optimizers.galore import projects_in_backward
 from memfit.techniques.optimizers.groups import parameter_groups
 from memfit.techniques.optimizers.registry import spec_for
-
-
-def projects_in_backward(config: Config) -> bool:
-    """Whether GaLore takes R = P^T G from linear layers' backward (see
-    memfit/optim/backward_projection.py): not where a step needs every full gradient
-    (online/random projectors), where P lives on the host between steps (optimizer
-    offload), where GradScaler must unscale the gradients (fp16) or where FSDP2 shards the
-    weights (R would be a partial sum over each process's micro-batch)."""
-    optimizer = config.optimizer
-    return (optimizer.name == "galore" and optimizer.galore.project_in_backward
-            and config.distributed.strategy is not DistributedStrategy.FSDP
-            and optimizer.galore.projector in (GaloreProjector.SVD,
-                                               GaloreProjector.RANDOMIZED_SVD)
-            and not config.memory.optimizer_offload and config.precision is not Precision.FP16)
 
 
 def build_optimizer(model: nn.Module, config: Config) -> Optimizer:

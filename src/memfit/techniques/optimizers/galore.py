@@ -19,7 +19,13 @@ from __future__ import annotations
 from torch import nn
 
 from memfit.config.ignored import Rule
-from memfit.config.schema import Config, GaloreInner, GaloreProjector
+from memfit.config.schema import (
+    Config,
+    DistributedStrategy,
+    GaloreInner,
+    GaloreProjector,
+    Precision,
+)
 from memfit.optim.galore import GaLore
 from memfit.optim.galore_layout import RAW_GRADIENT_PROJECTORS
 from memfit.optim.inner import chunked_update_scratch_bytes
@@ -112,12 +118,14 @@ def _refresh_flops(projector: str, small: int, rank: int, large: int) -> int:
 
 
 def _step_work(params: list[Param], costs: list[ParamCost], config: Config) -> Work:
-    """Per projected weight (s x l gradient g, rank r): R = P^T g and the update P N
-    (4 r s l FLOPs), the inner rule on R (r x l), the weight's update from the full-size
-    direction (4 passes of s x l); the refresh amortised over update_gap steps. Other
-    parameters: the inner rule over them."""
+    """Per projected weight (s x l gradient g, rank r): R = P^T g (2 r s l FLOPs; on the
+    steps that keep P, R comes from backward instead where it is projected there:
+    _backward_work) and the update P N (2 r s l), the inner rule on R (r x l), the weight's
+    update from the full-size direction (4 passes of s x l); the refresh amortised over
+    update_gap steps. Other parameters: the inner rule over them."""
     galore = config.optimizer.galore
     inner = _INNER[galore.inner]
+    in_backward = projects_in_backward(config)
     total = Work()
     for param in params:
         sides = GaLore.projection(param.shape, group_settings(config, param.projected))
@@ -126,10 +134,56 @@ def _step_work(params: list[Param], costs: list[ParamCost], config: Config) -> W
             continue
         small, rank, large = sides
         refresh = _refresh_flops(galore.projector.value, small, rank, large)
+        projection = 2 * rank * small * large
+        if in_backward and param.linear_weight:
+            projection //= galore.update_gap  # on refresh steps only
         total = total.plus(inner.of(rank * large)).plus(
-            matmul(4 * rank * small * large + refresh // galore.update_gap, "float32", rank, 2)
+            matmul(projection + 2 * rank * small * large + refresh // galore.update_gap,
+                   "float32", rank, 2)
         ).plus(memory(4 * 4 * small * large, 4))
     return total
+
+
+def _backward_work(params: list[Param], config: Config, tokens: int) -> tuple[Work, Work]:
+    """With optimizer.galore.project_in_backward (memfit/optim/backward_projection.py), on
+    the update_gap - 1 of every update_gap steps that keep P, a projected linear weight
+    (out x in) gets no gradient D^T X (2 T out in FLOPs in the compute dtype, as the trace
+    counts it); R = (D P)^T X or (X P)^T D is formed instead from D and X cast to fp32
+    (2 T r (out + in) FLOPs, and the casts' bytes when the compute dtype is not fp32). T:
+    the micro-batch's tokens."""
+    removed = added = Work()
+    if not projects_in_backward(config):
+        return removed, added
+    from memfit.techniques.quantize import compute_dtype
+
+    gap = config.optimizer.galore.update_gap
+    dtype = str(compute_dtype(config.precision)).removeprefix("torch.")
+    for param in params:
+        sides = GaLore.projection(param.shape, group_settings(config, param.projected))
+        if sides is None or not param.linear_weight:
+            continue
+        (out, inputs), rank = param.shape, sides[1]
+        removed = removed.plus(matmul(2 * tokens * out * inputs * (gap - 1) // gap, dtype,
+                                      min(tokens, out, inputs)))
+        added = added.plus(matmul(2 * tokens * rank * (out + inputs) * (gap - 1) // gap,
+                                  "float32", rank, 2))
+        if dtype != "float32":  # D and X read in the compute dtype (2 B), written in fp32
+            added = added.plus(memory(6 * tokens * (out + inputs) * (gap - 1) // gap, 2))
+    return removed, added
+
+
+def projects_in_backward(config: Config) -> bool:
+    """Whether GaLore takes R = P^T G from linear layers' backward (see
+    memfit/optim/backward_projection.py): not where a step needs every full gradient
+    (online/random projectors), where P lives on the host between steps (optimizer
+    offload), where GradScaler must unscale the gradients (fp16) or where FSDP2 shards the
+    weights (R would be a partial sum over each process's micro-batch)."""
+    optimizer = config.optimizer
+    return (optimizer.name == "galore" and optimizer.galore.project_in_backward
+            and config.distributed.strategy is not DistributedStrategy.FSDP
+            and optimizer.galore.projector in (GaloreProjector.SVD,
+                                               GaloreProjector.RANDOMIZED_SVD)
+            and not config.memory.optimizer_offload and config.precision is not Precision.FP16)
 
 
 def _row_shard_state(param: Param, config: Config, rows: int) -> int:
@@ -207,6 +261,6 @@ SPEC = OptimizerSpec(
               "calls CUDA on CPU)", "P (s x r, fp32) + inner moments on r x l"),
     options={**ADAM_OPTIONS, "galore": None}, ignored=_IGNORED, bench=_BENCH,
     factory=_factory, costs=per_param(_cost), targets=_targets,
-    step_work=_step_work,
+    step_work=_step_work, backward_work=_backward_work,
     rounds_stochastically=True, steps_local_rows=True, row_shard_state=_row_shard_state,
     fsdp_refusal=_fsdp_refusal, cheaper=_cheaper)

@@ -20,7 +20,7 @@ from memfit.config.ignored import Rule
 from memfit.config.schema import Config
 from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.optimizers.step_moments import step_moments
-from memfit.techniques.optimizers.step_work import OTHER, StepWork, streaming
+from memfit.techniques.optimizers.step_work import OTHER, BackwardWork, StepWork, streaming
 
 # A function building the optimizer over parameter groups (build.parameter_groups).
 Factory = Callable[[list[dict]], Optimizer]
@@ -37,6 +37,9 @@ class Param:
     # An untied input embedding: under data parallel memfit sums only its touched rows
     # (memfit.distributed.ddp), outside DDP's buckets.
     row_sparse: bool = False
+    # The weight of an nn.Linear (GaLore projects only those in backward:
+    # memfit.optim.backward_projection).
+    linear_weight: bool = False
 
     @property
     def numel(self) -> int:
@@ -135,6 +138,10 @@ class OptimizerSpec:
     # What its step asks of the device (step_work.py): the planner's time for it. The
     # default: an element-wise update of 12 passes and 8 ops per parameter.
     step_work: StepWork = streaming(OTHER)
+    # How it changes one micro-batch's backward, for a micro-batch of this many tokens:
+    # (work the planner's trace counted that training does not do, work done instead);
+    # None: backward runs as traced.
+    backward_work: BackwardWork | None = None
 
 
 def bench_lines(spec: OptimizerSpec) -> tuple[BenchLine, ...]:

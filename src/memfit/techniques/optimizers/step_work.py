@@ -40,6 +40,9 @@ class Sized(Protocol):
 
 # (the trainable parameters, their spec.ParamCost each, the config) -> the step's work.
 StepWork = Callable[[Sequence[Any], Sequence[Any], Config], Work]
+# (the trainable parameters, the config, tokens per micro-batch) -> (work the trace counted
+# that training does not do, work it does instead), per micro-batch.
+BackwardWork = Callable[[Sequence[Any], Config, int], tuple[Work, Work]]
 
 
 @dataclass(frozen=True)
