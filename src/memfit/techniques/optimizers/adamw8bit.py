@@ -8,6 +8,8 @@ update of one parameter.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from memfit._utils.errors import ConfigError
@@ -19,13 +21,13 @@ from memfit.techniques.optimizers.spec import (
     OptimizerSpec,
     Param,
     ParamCost,
-    per_param,
 )
 from memfit.techniques.optimizers.step_work import ADAMW8BIT, streaming
 
 # bitsandbytes 8-bit optimizers keep fp32 state for tensors smaller than this.
 BNB_MIN_8BIT_SIZE = 4096
 QUANT_BLOCK = 256  # values per absmax scale
+CODE_BOOK_BYTES = 2 * 256 * 4  # bitsandbytes' dynamic maps of both moments, per optimizer
 
 
 def _paged_refusal(config: Config) -> str:
@@ -58,20 +60,31 @@ def _cost(param: Param, config: Config) -> ParamCost:
     return ParamCost(state, 3 * 4 * numel, param.nbytes)
 
 
+def _costs(params: list[Param], config: Config) -> list[ParamCost]:
+    """Each parameter's _cost; and the two code books (256 fp32 values each, signed for the
+    first moment, unsigned for the second) one optimizer keeps once its first quantized
+    state exists, counted with that parameter's state."""
+    costs = [_cost(param, config) for param in params]
+    first = next((i for i, p in enumerate(params) if p.numel >= BNB_MIN_8BIT_SIZE), None)
+    if first is not None:
+        costs[first] = replace(costs[first], state=costs[first].state + CODE_BOOK_BYTES)
+    return costs
+
+
 # Under FSDP2 each process quantizes its own rows (bitsandbytes' kernels take plain
 # tensors): its blocks of 256 start at its first row, not at the whole tensor's.
 SPEC = OptimizerSpec(
     name="adamw8bit",
     docs_row=("`bitsandbytes.optim.AdamW8bit` (block-wise 8-bit moments; tensors under 4096 "
               "values keep fp32 moments)", "~2 bytes"),
-    options=ADAM_OPTIONS, factory=_factory(paged=False), costs=per_param(_cost),
+    options=ADAM_OPTIONS, factory=_factory(paged=False), costs=_costs,
     step_work=streaming(ADAMW8BIT),
     steps_local_rows=True)
 PAGED_SPEC = OptimizerSpec(
     name="paged_adamw8bit",
     docs_row=("`bitsandbytes.optim.PagedAdamW8bit`; needs CUDA (a clear error on CPU)",
               "~2 bytes, paged to host under pressure"),
-    options=ADAM_OPTIONS, factory=_factory(paged=True), costs=per_param(_cost),
+    options=ADAM_OPTIONS, factory=_factory(paged=True), costs=_costs,
     step_work=streaming(ADAMW8BIT),
     fsdp_refusal=_paged_refusal,
     bench=())  # CUDA only: the CPU benchmark cannot run it
