@@ -66,7 +66,8 @@ def test_an_unknown_device_is_one_line_naming_the_choices(tmp_path):
 def test_a_profile_round_trips_through_its_json():
     profile = BUILTIN["l4"]
     assert _profile_from(json.loads(json.dumps(profile.to_json()))) == profile
-    priced = dataclasses.replace(profile, element_seconds={"bernoulli_": 5e-9, "tanh": 0.0})
+    priced = dataclasses.replace(profile, element_seconds={"bernoulli_": 5e-9, "tanh": 0.0},
+                                 memory_by_dtype={"bfloat16": ((4096.0, 1e9), (8192.0, 2e9))})
     assert _profile_from(json.loads(json.dumps(priced.to_json()))) == priced
 
 
@@ -77,6 +78,8 @@ def test_a_profile_round_trips_through_its_json():
     (json.dumps({**BUILTIN["l4"].to_json(), "memory": [[2, 1], [1, 1]]}), "damaged"),
     (json.dumps({**BUILTIN["l4"].to_json(), "element_seconds": {"tanh": -1}}), "damaged"),
     (json.dumps({**BUILTIN["l4"].to_json(), "element_seconds": [1]}), "damaged"),
+    (json.dumps({**BUILTIN["l4"].to_json(), "memory_by_dtype": {"bfloat16": [[2, 1], [1, 1]]}}),
+     "damaged"),
     (json.dumps({**BUILTIN["l4"].to_json(), "source": "calibrated"}), "for 'l4'"),
     (json.dumps(BUILTIN["l4"].to_json()), "for 'l4' (builtin)"),
 ])
@@ -124,4 +127,5 @@ def test_env_calibrate_measures_and_plan_calibrates_once_on_first_use(tmp_path, 
     # Every op the calibration prices per value, and the 8-bit optimizer's update.
     assert set(calibrated.element_seconds) == {*ARITHMETIC, "adamw8bit"}
     assert all(seconds >= 0 for seconds in calibrated.element_seconds.values())
+    assert set(calibrated.memory_by_dtype) == {"bfloat16"}
     assert json.loads(FIXED.read_text())["version"] == PROFILE_VERSION  # the suite's own

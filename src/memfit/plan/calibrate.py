@@ -3,7 +3,8 @@
 
 - matmul: (L x s) @ (s x L) products per compute dtype, s from 4 to L = 1024 (CPU) or
   from 8 to L = 8192 (CUDA): the rate by a product's smallest dimension;
-- memory: an element-wise add of 4 KiB to 128 MiB moved (two reads, one write);
+- memory: an element-wise add of 4 KiB to 128 MiB moved (two reads, one write), in fp32
+  and in bf16 (a CPU adds bf16 values at fp32's time per value, on half the bytes);
 - the host link: a 64 MiB copy each way (pinned on CUDA; on CPU the memcpy offload does);
 - per value, ops whose arithmetic rather than their bytes may set their time
   (``ARITHMETIC``: dropout's random draws, tanh, exp, ...) on 2^20 fp32 values: what an op
@@ -66,7 +67,8 @@ def calibrate(device: str) -> DeviceProfile:
         sides, dtypes = (4, 8, 16, 32, 64, 128, 256, 512, 1024), ("float32", "bfloat16")
     matmul = {dtype: _matmul_table(target, getattr(torch, dtype), sides, empty, sync)
               for dtype in dtypes}
-    memory = _memory_table(target, empty, sync)
+    memory = _memory_table(target, empty, sync, torch.float32)
+    by_dtype = {"bfloat16": _memory_table(target, empty, sync, torch.bfloat16)}
     host_link = _host_link(target, sync)
     on_cpu = target.type == "cpu"
     host_memory = memory[-1][1] if on_cpu else GPU_HOST_MEMORY
@@ -84,7 +86,7 @@ def calibrate(device: str) -> DeviceProfile:
                          memory_bytes,
                          f"measured by memfit env --calibrate (torch {torch.__version__}"
                          f"{threads}); collectives assumed at the host link's rate",
-                         elements)
+                         elements, by_dtype)
 
 
 def calibrate_and_cache(device: str) -> tuple[DeviceProfile, Path, float]:
@@ -136,13 +138,15 @@ def _matmul_table(target: torch.device, dtype: torch.dtype, sides: tuple[int, ..
     return tuple(points)
 
 
-def _memory_table(target: torch.device, empty: float, sync: Callable[[], None]) -> Table:
+def _memory_table(target: torch.device, empty: float, sync: Callable[[], None],
+                  dtype: torch.dtype) -> Table:
     points = []
+    per_add = 3 * dtype.itemsize  # three tensors moved per value: two read, one written
     for moved_log2 in range(12, 28, 2):
-        elements = 2**moved_log2 // 12  # three fp32 tensors moved per add
-        a, b = (torch.ones(elements, device=target) for _ in range(2))
+        elements = 2**moved_log2 // per_add
+        a, b = (torch.ones(elements, device=target, dtype=dtype) for _ in range(2))
         out = torch.empty_like(a)
-        moved = 12 * elements
+        moved = per_add * elements
         add = _seconds(lambda a=a, b=b, out=out: torch.add(a, b, out=out), sync)
         points.append((float(moved), _rate(moved, add, empty)))
     return tuple(points)

@@ -31,7 +31,7 @@ Table = tuple[tuple[float, float], ...]
 # A profile file to use for this machine's device instead of its calibration (a machine
 # whose plans must not swing with its load: CI).
 PROFILE_ENV = "MEMFIT_DEVICE_PROFILE"
-PROFILE_VERSION = 4  # of the cache's format: a cache of another version is measured again
+PROFILE_VERSION = 5  # of the cache's format: a cache of another version is measured again
 CACHE_ENV = "MEMFIT_CACHE_DIR"
 
 
@@ -53,6 +53,9 @@ class DeviceProfile:
     # op name -> seconds per value written beyond the op's bytes (calibrate.ARITHMETIC:
     # ops a CPU computes slower than it moves their bytes); none for a GPU's builtin
     element_seconds: dict[str, float] = field(default_factory=dict)
+    # 16-bit float dtype name -> bytes/s of element-wise ops in it by bytes moved per call
+    # (a CPU computes them at fp32's time per value); none: ``memory`` for every dtype
+    memory_by_dtype: dict[str, Table] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"version": PROFILE_VERSION, "name": self.name, "source": self.source,
@@ -64,7 +67,9 @@ class DeviceProfile:
                 "interconnect": self.interconnect,
                 "collective_seconds": self.collective_seconds,
                 "asynchronous": self.asynchronous, "memory_bytes": self.memory_bytes,
-                "note": self.note, "element_seconds": dict(self.element_seconds)}
+                "note": self.note, "element_seconds": dict(self.element_seconds),
+                "memory_by_dtype": {dtype: [list(point) for point in table]
+                                    for dtype, table in self.memory_by_dtype.items()}}
 
 
 def _ramp(peak: float, half_size: float, sizes: range) -> Table:
@@ -194,6 +199,9 @@ def _profile_from(data: Any) -> DeviceProfile:
     elements = data["element_seconds"]
     if not isinstance(elements, dict) or len(elements) > 64:
         raise ValueError("element_seconds: expected a mapping of op names to seconds")
+    by_dtype = data["memory_by_dtype"]
+    if not isinstance(by_dtype, dict) or len(by_dtype) > 8:
+        raise ValueError("memory_by_dtype: expected a table per dtype")
     return DeviceProfile(
         _text(data["name"], "name"), _text(data["source"], "source"),
         {_text(dtype, "matmul dtype"): _table(table, f"matmul.{dtype}")
@@ -206,7 +214,9 @@ def _profile_from(data: Any) -> DeviceProfile:
         memory_bytes,
         _text(data["note"], "note", allow_empty=True),
         {_text(op, "element_seconds op"): _positive(seconds, f"element_seconds.{op}", zero=True)
-         for op, seconds in elements.items()})
+         for op, seconds in elements.items()},
+        {_text(dtype, "memory_by_dtype dtype"): _table(table, f"memory_by_dtype.{dtype}")
+         for dtype, table in by_dtype.items()})
 
 
 def _text(value: Any, key: str, allow_empty: bool = False) -> str:

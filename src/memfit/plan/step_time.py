@@ -79,7 +79,8 @@ def seconds(work: Work, profile: DeviceProfile) -> float:
 def device_seconds(work: Work, profile: DeviceProfile) -> float:
     """Matmul FLOPs and bytes moved, priced at the rate of each call's size class [2^k,
     2^(k+1)): a matmul's smallest side at its class's floor (sides are mostly powers of
-    two), bytes at its middle; values written at their op's time per value, if any."""
+    two), bytes at its middle (by the table of their 16-bit dtype, where the profile has
+    one); values written at their op's time per value, if any."""
     total = 0.0
     for (kind, dtype, size), amount in work.amounts.items():
         if kind == "matmul":
@@ -88,7 +89,8 @@ def device_seconds(work: Work, profile: DeviceProfile) -> float:
         elif kind == "elements":  # dtype holds the op's name
             total += amount * profile.element_seconds.get(dtype, 0.0)
         else:
-            total += amount / rate(profile.memory, 1.5 * 2.0**size)
+            table = profile.memory_by_dtype.get(dtype) or profile.memory
+            total += amount / rate(table, 1.5 * 2.0**size)
     return total
 
 

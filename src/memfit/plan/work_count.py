@@ -9,7 +9,8 @@ bytes moved by the other ops, and one launch per op.
 - Gathers (embedding lookup, index_select, gather): the rows they read, not the table;
   fills (zeros, zero_; QLoRA's stand-in dequantization): the bytes they write.
 - Every other op: the bytes of its tensor inputs and outputs (read once, written once),
-  and the values it writes under its name (an op the device's profile prices per value:
+  filed by the 16-bit float dtype its tensors share if they do, and the values it writes
+  under its name (an op the device's profile prices per value:
   dropout's random draws).
 
 Checkpointing's recomputation, the tiled MLP's chunks and the chunked loss run in the trace
@@ -88,7 +89,7 @@ class WorkCount:
             inputs = _nbytes(args) + _nbytes(kwargs)
         moved = inputs + outputs
         if moved:
-            self._add(("memory", "", size_class(moved)), moved)
+            self._add(("memory", _narrow_dtype(args, kwargs, out), size_class(moved)), moved)
             self._add(("elements", packet.__name__, 0), _numel(out))
 
     def _add(self, key: Key, amount: int) -> None:
@@ -125,6 +126,17 @@ def _side(packet: Any, args: tuple, out: Any) -> int:
 def _nbytes(tree: Any) -> int:
     return sum(t.numel() * t.element_size() for t in tree_leaves(tree)
                if isinstance(t, torch.Tensor))
+
+
+def _narrow_dtype(*trees: Any) -> str:
+    """The 16-bit float dtype all of an op's floating-point tensors share ("bfloat16",
+    "float16"), else "": a device may run such an op at its fp32 time per value, on half
+    the bytes (a CPU does), which the profile's table of that dtype prices."""
+    dtypes = {t.dtype for tree in trees for t in tree_leaves(tree)
+              if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    if len(dtypes) == 1 and (dtype := dtypes.pop()) in (torch.bfloat16, torch.float16):
+        return str(dtype).removeprefix("torch.")
+    return ""
 
 
 def _numel(tree: Any) -> int:

@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # (kind, dtype name, size class): kind "matmul" (FLOPs; the class of its smallest
-# dimension), "memory" (bytes; the class of the bytes one call moves; dtype "") or
+# dimension), "memory" (bytes; the class of the bytes one call moves; dtype "", or the
+# 16-bit float dtype all of the op's float tensors share) or
 # "elements" (values written; the op's name in place of the dtype, class 0).
 Key = tuple[str, str, int]
 

@@ -18,7 +18,7 @@ from memfit.plan.ladder import KEEP_STATE, fastest_rung
 from memfit.plan.planned_device import planned_device
 from memfit.plan.planner import load_plan_config, plan
 from memfit.plan.search import with_fitted
-from memfit.plan.step_time import device_seconds, step_time
+from memfit.plan.step_time import device_seconds, rate, step_time
 from memfit.plan.strategies import rungs, strategies, with_overrides
 from memfit.plan.trace import trace_micro_batch
 from memfit.techniques import checkpointing
@@ -28,13 +28,13 @@ from memfit.techniques.work import size_class
 PROFILE = planned_device("cpu").profile
 
 
-def traced_work(model: nn.Module, batch: dict):
+def traced_work(model: nn.Module, batch: dict, dtype: torch.dtype = torch.float32):
     """The work of one forward + backward of ``model`` on fake tensors shaped as ``batch``."""
     with torch.device("meta"):
         model = model.to("meta")
 
     def make_batch() -> dict:
-        return {name: torch.empty(shape) for name, shape in batch.items()}
+        return {name: torch.empty(shape, dtype=dtype) for name, shape in batch.items()}
 
     return trace_micro_batch(model, make_batch, lambda m, b: m(**b).sum(), None, False).work
 
@@ -126,6 +126,26 @@ def test_values_of_arithmetic_bound_ops_are_counted_and_priced_by_the_profile():
     assert update.amounts[("elements", "adamw8bit", 0)] == 1000
     assert update.memory_bytes == 4 * 4 * 1000  # its bytes as before: 4 passes
     assert "adamw8bit" in PROFILE.element_seconds  # the suite's profile prices it
+
+
+class ReluBlocks(Blocks):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(super().forward(x))
+
+
+def test_element_wise_ops_in_bf16_are_priced_by_the_bf16_table():
+    # A bf16 ReLU on [8, 64]: 2 x 1 KiB moved (read, written); bf16 matmuls stay matmuls.
+    model = ReluBlocks([64, 64]).to(torch.bfloat16)
+    work = traced_work(model, {"x": (8, 64)}, torch.bfloat16)
+    narrow = {key: amount for key, amount in work.amounts.items()
+              if key[0] == "memory" and key[1] == "bfloat16"}
+    assert narrow and all(key[1] in ("", "bfloat16") for key in work.amounts
+                          if key[0] == "memory")
+    plain = dataclasses.replace(PROFILE, memory_by_dtype={})
+    slow = dataclasses.replace(PROFILE, memory_by_dtype={"bfloat16": ((1.0, 1e6),)})
+    extra = sum(amount / 1e6 for amount in narrow.values()) - sum(
+        amount / rate(PROFILE.memory, 1.5 * 2.0**key[2]) for key, amount in narrow.items())
+    assert device_seconds(work, slow) - device_seconds(work, plain) == pytest.approx(extra)
 
 
 def tiny(*overrides: str):
