@@ -238,13 +238,17 @@ def calibrate() -> list[tuple[str, str]]:
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     profile, path, took = calibrate_and_cache(device)
-    rows = [(f"matmul {dtype}", f"{rate(table, table[-1][0]) / 1e9:,.1f} GFLOP/s at "
-                                f"{table[-1][0]:.3g} FLOPs per call, "
-                                f"{rate(table, table[0][0]) / 1e9:.3g} at {table[0][0]:.3g}")
+    rows = [(f"matmul {dtype}", f"{rate(table, table[-1][0]) / 1e9:,.1f} GFLOP/s at a "
+                                f"smallest side of {table[-1][0]:g}, "
+                                f"{rate(table, table[0][0]) / 1e9:.3g} at {table[0][0]:g}")
             for dtype, table in profile.matmul.items()]
     return [("calibrated", f"{profile.name} in {took:.1f} s ({profile.note})"), *rows,
             ("memory bandwidth", f"{profile.memory[-1][1] / 1e9:,.1f} GB/s at "
                                  f"{profile.memory[-1][0] / 2**20:,.0f} MiB per op"),
+            *((f"memory ({dtype})", f"{table[-1][1] / 1e9:,.1f} GB/s (element-wise ops in "
+               f"{dtype})") for dtype, table in profile.memory_by_dtype.items()),
+            ("per value beyond bytes", ", ".join(
+                f"{op} {seconds * 1e9:.2g} ns" for op, seconds in profile.element_seconds.items())),
             ("host link", f"{profile.host_link / 1e9:,.1f} GB/s"),
             ("cost per op", f"{profile.op_seconds * 1e6:.1f} us (host time of each op of a "
                             "training step)"),
