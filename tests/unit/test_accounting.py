@@ -130,8 +130,9 @@ def test_tracker_and_trace_split_one_micro_batch_identically(tokens, checkpointe
         batch = make_batch()
         with torch.autocast("cpu", dtype=autocast) if autocast else contextlib.nullcontext():
             loss = _loss_sum(model, batch)
-        loss.backward()
-        del loss, batch
+        mean = loss / 2  # as training backpropagates the sum over the step's items
+        mean.backward()
+        del loss, mean, batch
     tracker.scan()  # the grads are recognised once they are .grad
     measured = tracker.peak_by_category()
 
