@@ -62,7 +62,7 @@ PAPERS = [
      "base with bf16 embedding and output layer, activation checkpointing, chunked "
      "cross-entropy, fp32 AdamW on the adapters; peak allocated tensor bytes; planned as "
      "the checkpoint's folder (its config.json), which is quantized one layer at a time "
-     "while it loads (a preset is built whole in model.dtype first)"),
+     "onto the GPU while it loads"),
 ]
 
 

@@ -237,8 +237,9 @@ def _trace_key(config: Config, example_batch: ExampleBatch | None, device: str) 
     return (config.model, config.adapter, config.precision, memory,
             type(memory.checkpoint_blocks), type(memory.offload_blocks),
             config.train.micro_batch_size, token_shape(config), _batch_key(example_batch),
-            quantized_path(config, device) if config.adapter.kind is AdapterKind.QLORA
-            else None)
+            # the device: where a built model's base is quantized (quantizing_bytes)
+            (quantized_path(config, device), device)
+            if config.adapter.kind is AdapterKind.QLORA else None)
 
 
 def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> _Sizing:
@@ -285,7 +286,7 @@ def _trace(config: Config, layers: int | None, example_batch: ExampleBatch | Non
            device: str) -> _Traced:
     built = meta.build(config, layers, device)
     weights = costs.weight_bytes(built.model)
-    quantizing = quantizing_bytes(built.model, config)
+    quantizing = quantizing_bytes(built.model, config, device)
     sharded = sum(t.numel() * t.element_size() for t in _gathered(built.model))
     make_batch, loss_sum = workload(config, built, example_batch)
     with torch.device("meta"):

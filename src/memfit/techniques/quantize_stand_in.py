@@ -55,24 +55,27 @@ def stand_in_for_frozen_linears(model: nn.Module, config: Config, skip: nn.Modul
         setattr(parent, child, QuantizedLinear(module, nbytes, compute, source, path))
 
 
-def quantizing_bytes(model: nn.Module, config: Config) -> int:
-    """What the base holds while it is being quantized beyond what training stores (the
-    stand-ins' codes are in the weights already): a folder is quantized one layer at a time
-    as transformers loads it, so the largest layer in the dtype it is quantized from; a
-    built model (preset, factory) exists whole in model.dtype first and is quantized layer
-    by layer, so every quantized layer in model.dtype plus the largest one's copy in the
-    compute dtype. With at most one byte a weight of bitsandbytes' scratch for that layer
-    (its fp32 absmax per 64-weight block and their double quantization: about 0.1 B), and
-    the frozen weights the model stage stores in the compute dtype later
-    (techniques.quantize.store_frozen_in: the kept output layer), still as loaded."""
+def quantizing_bytes(model: nn.Module, config: Config, device: str) -> int:
+    """What ``device`` holds while the base is being quantized beyond what training stores
+    (the stand-ins' codes are in the weights already): a folder is quantized one layer at a
+    time as transformers loads it onto the device, so the largest layer in the dtype it is
+    quantized from; a built model (preset, factory) exists whole in model.dtype first and
+    is quantized layer by layer before it is placed (training/build.py: load, prepare, then
+    place), so on a CPU device every quantized layer in model.dtype plus the largest one's
+    copy in the compute dtype, and on a GPU nothing (that happens in host memory). With at
+    most one byte a weight of bitsandbytes' scratch for that layer (its fp32 absmax per
+    64-weight block and their double quantization: about 0.1 B), and the frozen weights the
+    model stage stores in the compute dtype later (techniques.quantize.store_frozen_in: the
+    kept output layer), still as loaded."""
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
-    if not layers:
+    loading = quantize.quantized_while_loading(config)
+    if not layers or not loading and device != "cpu":
         return 0
     from memfit.models.load import TORCH_DTYPES
 
     loaded = TORCH_DTYPES[config.model.dtype].itemsize
     largest = max(layer.in_features * layer.out_features for layer in layers)
-    if quantize.quantized_while_loading(config):
+    if loading:
         full = largest * loaded
     else:
         full = (sum(layer.in_features * layer.out_features for layer in layers) * loaded

@@ -64,7 +64,8 @@ def plan_apply(model: nn.Module, setting: Setting) -> nn.Module:
 
 def moments(step: StepBytes, config: Config) -> list[Moment]:
     """Quantizing the base: before any step, the largest layer in full precision (or, for a
-    built model, every layer) beside the quantized ones. Planned beside the weights and
+    built model on a CPU device, every layer; on a GPU it is quantized in host memory
+    before it is placed) beside the quantized ones. Planned beside the weights and
     optimizer state as training holds them (the state and adapters do not exist yet: an
     upper bound), so a plan covers loading too when the steps hold little more than the
     weights (a large base, short sequences)."""
