@@ -128,3 +128,20 @@ def test_the_run_around_the_steps_and_loading_a_quantized_base_are_moments():
     qlora = with_overrides(config, {"adapter.kind": "qlora"})
     assert "quantizing the base" in {m.name for m in step_moments(step_bytes(qlora), qlora)}
     assert "quantizing the base" not in by_name
+
+
+def test_a_built_base_is_quantized_on_the_host_before_it_is_placed():
+    # A preset is built whole in model.dtype and quantized before it is placed: on a CPU
+    # device that is device memory (every quantized layer in bf16, and more); a GPU never
+    # holds it. A folder is quantized onto the device while it loads (its largest layer).
+    from memfit.plan import meta
+    from memfit.techniques.quantize_stand_in import QuantizedLinear, quantizing_bytes
+
+    config = load_plan_config(None, ["model.preset=tiny-llama", "adapter.kind=qlora",
+                                     "model.dtype=bfloat16"])
+    model = meta.build(config, None, "cpu").model
+    layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
+    assert layers
+    every_layer = sum(2 * m.in_features * m.out_features for m in layers)  # bf16
+    assert quantizing_bytes(model, config, "cpu") >= every_layer
+    assert quantizing_bytes(model, config, "cuda") == 0
