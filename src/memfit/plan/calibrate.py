@@ -9,7 +9,7 @@
 - per value, ops whose arithmetic rather than their bytes may set their time
   (``ARITHMETIC``: dropout's random draws, tanh, exp, ...) on 2^20 fp32 values: what an op
   took beyond its bytes at the memory table's rate, per value it wrote; and the same for
-  bitsandbytes' 8-bit AdamW step (``OPTIMIZER_ARITHMETIC``) per parameter value;
+  bitsandbytes' 8-bit AdamW step per parameter value (its Passes' bytes priced);
 - the host cost per op: a training step of transformers' Llama at its smallest (hidden 64,
   2 layers, 16 tokens), whose ops are counted as the planner counts them
   (work_count.WorkCount): what the step took beyond its device work, per op.

@@ -80,17 +80,19 @@ class WorkCount:
             side = size_class(_side(packet, args, out))
             self._add(("matmul", str(dtype).removeprefix("torch."), side), flops)
             return
-        outputs = _nbytes(out)
+        written = _tensors(out)
+        read = _tensors((args, kwargs))
+        outputs = _nbytes(written)
         if packet in _WRITES:
             inputs = 0
         elif packet in _GATHERS:
             inputs = outputs
         else:
-            inputs = _nbytes(args) + _nbytes(kwargs)
+            inputs = _nbytes(read)
         moved = inputs + outputs
         if moved:
-            self._add(("memory", _narrow_dtype(args, kwargs, out), size_class(moved)), moved)
-            self._add(("elements", packet.__name__, 0), _numel(out))
+            self._add(("memory", _narrow_dtype(read + written), size_class(moved)), moved)
+            self._add(("elements", packet.__name__, 0), sum(t.numel() for t in written))
 
     def _add(self, key: Key, amount: int) -> None:
         self.calls[key] = self.calls.get(key, 0) + 1
@@ -123,24 +125,22 @@ def _side(packet: Any, args: tuple, out: Any) -> int:
     return max(1, min(pixels, weight.shape[0], weight.shape[1] * kernel))
 
 
-def _nbytes(tree: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tree_leaves(tree)
-               if isinstance(t, torch.Tensor))
+def _tensors(tree: Any) -> list[torch.Tensor]:
+    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
 
 
-def _narrow_dtype(*trees: Any) -> str:
+def _nbytes(tensors: list[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _narrow_dtype(tensors: list[torch.Tensor]) -> str:
     """The 16-bit float dtype all of an op's floating-point tensors share ("bfloat16",
     "float16"), else "": a device may run such an op at its fp32 time per value, on half
     the bytes (a CPU does), which the profile's table of that dtype prices."""
-    dtypes = {t.dtype for tree in trees for t in tree_leaves(tree)
-              if isinstance(t, torch.Tensor) and t.is_floating_point()}
+    dtypes = {t.dtype for t in tensors if t.is_floating_point()}
     if len(dtypes) == 1 and (dtype := dtypes.pop()) in (torch.bfloat16, torch.float16):
         return str(dtype).removeprefix("torch.")
     return ""
-
-
-def _numel(tree: Any) -> int:
-    return sum(t.numel() for t in tree_leaves(tree) if isinstance(t, torch.Tensor))
 
 
 def _named(func: Any, args: tuple, kwargs: dict) -> dict[str, Any]:
