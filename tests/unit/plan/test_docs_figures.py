@@ -75,6 +75,12 @@ def test_the_step_time_summary_is_the_recorded_tables():
 
     rows, summary = _step_time_table()
     assert len(rows) >= 30  # #35: at least 30 cases
+    # The README quotes the recorded summary.
+    median, worst, cases = re.search(r"median \|error\| ([\d.]+)%.*worst ([\d.]+)%.*?(\d+) cases",
+                                     summary[0]).groups()
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert (f"within {median}% median, {worst}% worst of measured ones over {cases} cases"
+            in readme)
     # The printed lines, recomputed from the rows (the ms figures are rounded to 0.1 ms,
     # so the recomputed percentages may differ in the last digit: compare the figures).
     numbers = re.compile(r"[+-]?\d+\.?\d*")
