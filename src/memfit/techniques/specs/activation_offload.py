@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from memfit.config.ignored import Rule
 from memfit.techniques import activation_offload, blocks
 from memfit.techniques.specs.spec import Setting, TechniqueSpec
 
@@ -35,4 +36,6 @@ SPEC = TechniqueSpec(
     plan="plan.trace counts saved tensors as host bytes, where training.step's "
          "ActivationOffload context keeps them; with memory.offload_blocks only inside the "
          "chosen blocks (plan/offload_in_blocks.py)",
-    apply=apply, plan_apply=apply)
+    apply=apply, plan_apply=apply,
+    ignored=(Rule(("memory.offload_blocks",), lambda c: not c.memory.activation_offload,
+                  lambda c: "it applies with memory.activation_offload=true"),))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from memfit.config.ignored import Rule
 from memfit.config.schema import Config
 from memfit.techniques import checkpointing
 from memfit.techniques.blocks import model_named
@@ -29,4 +30,8 @@ SPEC = TechniqueSpec(
     plan="traced: recomputed blocks keep only their inputs; with memory.checkpoint_blocks, "
          "stand-ins of checkpointed and of plain blocks, added up per kind",
     # Before the adapters: PEFT renames the modules checkpointing looks for.
-    apply=apply, check_applied=check_applied, plan_apply=apply)
+    apply=apply, check_applied=check_applied, plan_apply=apply,
+    ignored=(Rule(("memory.checkpoint_modules", "memory.checkpoint_every",
+                   "memory.checkpoint_blocks"),
+                  lambda c: not c.memory.gradient_checkpointing,
+                  lambda c: "it applies with memory.gradient_checkpointing=true"),))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from memfit.config.ignored import Rule
 from memfit.config.schema import Config
 from memfit.techniques import chunked_loss
 from memfit.techniques.specs.spec import TechniqueSpec
@@ -21,4 +22,6 @@ SPEC = TechniqueSpec(
     keys=("memory.chunked_loss", "memory.loss_chunk_tokens"),
     stage="step", enabled=lambda config: config.memory.chunked_loss,
     plan="techniques.training_loss, traced as training runs it (plan.workload)",
-    check_applied=check_applied)
+    check_applied=check_applied,
+    ignored=(Rule(("memory.loss_chunk_tokens",), lambda c: not c.memory.chunked_loss,
+                  lambda c: "it applies with memory.chunked_loss=true"),))

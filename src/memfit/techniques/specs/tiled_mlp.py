@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from memfit.config.ignored import Rule
 from memfit.config.schema import Config
 from memfit.techniques import tiled_mlp
 from memfit.techniques.specs.spec import Setting, TechniqueSpec
@@ -26,4 +27,6 @@ SPEC = TechniqueSpec(
     stage="model", enabled=lambda config: config.memory.tiled_mlp,
     plan="traced: the MLPs run chunk by chunk on the fake tensors, as in training",
     # Before the adapters; the trainable parameters are looked up at each call.
-    apply=apply, check_applied=check_applied, plan_apply=apply)
+    apply=apply, check_applied=check_applied, plan_apply=apply,
+    ignored=(Rule(("memory.mlp_chunk_tokens",), lambda c: not c.memory.tiled_mlp,
+                  lambda c: "it applies with memory.tiled_mlp=true"),))
