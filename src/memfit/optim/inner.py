@@ -33,10 +33,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from types import EllipsisType
-from typing import Literal
 
 import torch
 
+from memfit.config.choices import GaloreInner
 from memfit.optim.quantize import (
     BLOCK_SIZE,
     dequantize_blockwise,
@@ -45,8 +45,8 @@ from memfit.optim.quantize import (
     quantized_zeros,
 )
 
-InnerName = Literal["adamw", "adamw8bit", "adafactor"]
-INNER_CHOICES: tuple[str, ...] = ("adamw", "adamw8bit", "adafactor")
+# The inner rules by name: config.choices.GaloreInner's values (optimizer.galore.inner).
+INNER_CHOICES: tuple[str, ...] = tuple(inner.value for inner in GaloreInner)
 
 # Adafactor (Shazeer & Stern 2018): beta2_t = 1 - t**-0.8 and update clipping at RMS 1.
 _ADAFACTOR_DECAY = -0.8
