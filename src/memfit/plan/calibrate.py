@@ -176,8 +176,8 @@ def _element_seconds(profile: DeviceProfile, target: torch.device, empty: float,
             call(values)
         work = counting.work.result()
         seconds = _seconds(lambda call=call, values=values: call(values), sync) - empty
-        written = work.amounts[("elements", name, 0)]
-        measured[name] = max(0.0, seconds - device_seconds(work, profile)) / written
+        measured[name] = _per_value(seconds, device_seconds(work, profile),
+                                    work.amounts[("elements", name, 0)])
     return measured
 
 
@@ -194,7 +194,12 @@ def _optimizer_seconds(profile: DeviceProfile, target: torch.device, empty: floa
     optimizer = AdamW8bit([weight], lr=1e-3)
     seconds = _seconds(optimizer.step, sync) - empty
     counted = device_seconds(ADAMW8BIT.of(weight.numel()), profile)
-    return {ADAMW8BIT.arithmetic: max(0.0, seconds - counted) / weight.numel()}
+    return {ADAMW8BIT.arithmetic: _per_value(seconds, counted, weight.numel())}
+
+
+def _per_value(seconds: float, counted: float, values: int) -> float:
+    """Seconds per value beyond what the profile already prices (never below 0)."""
+    return max(0.0, seconds - counted) / values
 
 
 class _Counting(TorchDispatchMode):

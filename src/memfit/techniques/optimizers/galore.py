@@ -46,6 +46,7 @@ from memfit.techniques.optimizers.spec import (
     per_param,
 )
 from memfit.techniques.optimizers.step_work import ADAFACTOR, ADAMW, ADAMW8BIT
+from memfit.techniques.quantize import compute_dtype
 from memfit.techniques.work import Work, matmul, memory
 
 _SKETCH_OVERSAMPLE = 8  # memfit.optim.projectors.randomized_svd_basis
@@ -154,8 +155,6 @@ def _backward_work(params: list[Param], config: Config, tokens: int) -> tuple[Wo
     removed = added = Work()
     if not projects_in_backward(config):
         return removed, added
-    from memfit.techniques.quantize import compute_dtype
-
     gap = config.optimizer.galore.update_gap
     dtype = str(compute_dtype(config.precision)).removeprefix("torch.")
     for param in params:
