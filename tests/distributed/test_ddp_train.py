@@ -19,6 +19,7 @@ import pytest
 import torch
 import yaml
 from dist_helpers import on_two_processes, run_config, write_text_rows
+from pins import pinned
 from safetensors.torch import load_file
 
 from memfit.bench.random_llama import LlamaShape, llama_config, save_random_model
@@ -164,12 +165,18 @@ PINNED = {
     "sgd": [5.554708, 5.538682, 5.542473, 5.536781, 5.534457],
     "untied-embedding": [6.239900, 6.192564, 6.126115, 6.083881, 6.045330],
 }
+# Where an AVX2 machine's kernels print other digits (tests/pins.py): bitsandbytes
+# quantizes the QLoRA base differently there.
+PINNED_BY_CAPABILITY = {
+    "AVX2": {"qlora-bf16-offloaded": [5.549268, 5.519479, 5.496098, 5.468932, 5.456213]},
+}
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_the_two_process_losses_are_the_pinned_ones(runs: Path, name: str):
     assert name in PINNED, f"pin the 2-process losses of {name}"
-    assert list(_losses(runs / f"{name}-2").values()) == pytest.approx(PINNED[name], rel=1e-5)
+    expected = pinned(name, PINNED, PINNED_BY_CAPABILITY)
+    assert list(_losses(runs / f"{name}-2").values()) == pytest.approx(expected, rel=1e-5)
 
 
 def test_checkpoints_are_written_once_with_every_ranks_generators(runs: Path):

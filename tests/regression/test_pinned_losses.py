@@ -5,7 +5,7 @@ step computes fails here loudly; one that only moves code passes. The fsdp count
 on 2 processes are pinned in tests/distributed (test_fsdp_train, test_fsdp_lean).
 
 If a change is meant to change the numbers (a new default, a fixed bug), re-pin them with
-``python tests/regression/test_pinned_losses.py`` and say why in the commit."""
+``PYTHONPATH=tests python tests/regression/test_pinned_losses.py`` and say why in the commit."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from pins import pinned
 
 from memfit.demo.defaults import demo_config_path
 from memfit.monitor.metrics import losses_by_step, read_metrics
@@ -65,6 +66,17 @@ PINNED: dict[str, list[float]] = {
     "apollo-mini": [2.129750, 2.805871, 3.209004, 4.066886, 1.748747,
                     2.116436, 2.237720, 3.004798, 1.459372, 1.688909],
 }
+# Where an AVX2 machine's kernels print other digits (tests/pins.py).
+PINNED_BY_CAPABILITY: dict[str, dict[str, list[float]]] = {
+    "AVX2": {
+        "full-adamw8bit": [2.129749, 2.592149, 2.207407, 2.405272, 1.278521,
+                           1.481585, 1.201762, 1.732319, 1.397932, 1.637396],
+        "full-lion": [2.129749, 2.805164, 3.184219, 3.975020, 1.657217,
+                      1.960821, 1.863710, 2.326667, 1.311566, 1.289257],
+        "qlora": [2.099423, 2.852250, 3.296075, 3.957573, 1.732778,
+                  2.019419, 1.991125, 2.383587, 1.393964, 1.375660],
+    },
+}
 
 
 def demo_losses(case: str, root: Path) -> list[float]:
@@ -78,19 +90,21 @@ def demo_losses(case: str, root: Path) -> list[float]:
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_demo_losses_are_the_pinned_ones(case: str, tmp_path: Path):
-    assert demo_losses(case, tmp_path) == pytest.approx(PINNED[case], rel=1e-5)
+    expected = pinned(case, PINNED, PINNED_BY_CAPABILITY)
+    assert demo_losses(case, tmp_path) == pytest.approx(expected, rel=1e-5)
 
 
 def test_every_registered_optimizer_has_pinned_losses():
     from memfit.techniques.optimizers import SPECS
 
-    pinned = {override.partition("=")[2] for overrides in CASES.values()
-              for override in overrides if override.startswith("optimizer.name=")}
-    pinned.add("adamw")  # the demo's own
-    assert set(SPECS) - set(NEEDS_CUDA) == pinned, "pin the demo's losses of a new optimizer"
+    optimizers = {override.partition("=")[2] for overrides in CASES.values()
+                  for override in overrides if override.startswith("optimizer.name=")}
+    optimizers.add("adamw")  # the demo's own
+    assert set(SPECS) - set(NEEDS_CUDA) == optimizers, "pin the demo's losses of a new optimizer"
 
 
-if __name__ == "__main__":  # re-pin: prints the PINNED mapping to paste above
+if __name__ == "__main__":  # re-pin: prints the PINNED mapping to paste above (or, for
+    # a case whose digits differ on this machine's CPU capability, into PINNED_BY_CAPABILITY)
     import tempfile
     with tempfile.TemporaryDirectory() as folder:
         for name in CASES:
