@@ -42,6 +42,11 @@ from memfit.plan.devices import (
 from memfit.plan.work_count import WorkCount
 
 _REPEAT_SECONDS = 0.05  # each measurement repeats for about this long
+# A matmul slower than this stops the table's growth: where a dtype runs this slowly (bf16
+# on a CPU without AVX512-BF16: 0.9 GFLOP/s against fp32's 160 on an AVX2 EPYC, each
+# 1024 x 1024 x 1024 product 2.4 s), the larger sides take its rate (rates only grow
+# with the side, so their time is not under-predicted), instead of 17 s of products.
+_SLOW_PRODUCT_SECONDS = 0.1
 # Op name (as work_count files it) -> a call of it on a tensor of values. The draws of
 # dropout's mask (bernoulli_), the tanh of tanh-approximated GELU (GPT-2 and others) and
 # its backward, exp, and the activations and softmax transformers' models run.
@@ -126,10 +131,15 @@ def _rate(amount: float, seconds: float, empty: float) -> float:
 def _matmul_table(target: torch.device, dtype: torch.dtype, sides: tuple[int, ...],
                   empty: float, sync: Callable[[], None]) -> Table:
     """FLOP/s by the product's smallest dimension (work_count's size of a matmul): an
-    (L x s) @ (s x L) product for each side s, L the largest side."""
-    points = []
+    (L x s) @ (s x L) product for each side s, L the largest side; sides past a product
+    slower than _SLOW_PRODUCT_SECONDS take its rate."""
+    points: list[tuple[float, float]] = []
     long = sides[-1]
+    seconds = 0.0
     for side in sides:
+        if seconds > _SLOW_PRODUCT_SECONDS:
+            points.append((float(side), points[-1][1]))
+            continue
         a = torch.randn(long, side, device=target).to(dtype)
         b = torch.randn(side, long, device=target).to(dtype)
         flops = 2 * long * side * long
