@@ -60,6 +60,17 @@ class ReconstructionLoss(Choice):
     L1 = "l1"
 
 
+class RopeScaling(Choice):
+    """model.rope_scaling.type: transformers' names for its RoPE scaling methods
+    (modeling_rope_utils.ROPE_INIT_FUNCTIONS)."""
+
+    NONE = "none"
+    LINEAR = "linear"
+    DYNAMIC = "dynamic"
+    YARN = "yarn"
+    LLAMA3 = "llama3"
+
+
 class AdapterKind(Choice):
     NONE = "none"
     LORA = "lora"

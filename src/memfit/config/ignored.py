@@ -14,7 +14,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, NamedTuple
 
 from memfit._utils.errors import MemfitWarning
-from memfit.config.choices import CLASSIFYING_TASKS
+from memfit.config.choices import CLASSIFYING_TASKS, RopeScaling
 from memfit.config.load import to_mapping
 from memfit.config.schema import (
     AdapterKind,
@@ -84,6 +84,9 @@ _RULES: list[Rule] = [
      lambda c: f"it applies with data.format=images, not {c.data.format}"),
     Rule(("data.images.target_contrast",), lambda c: c.model.task is Task.IMAGE_CLASSIFICATION,
      lambda c: "model.task=image-classification learns each image's class, not a target image"),
+    Rule(("model.rope_scaling.low_freq_factor", "model.rope_scaling.high_freq_factor"),
+     lambda c: c.model.rope_scaling.type is not RopeScaling.LLAMA3,
+     lambda c: f"it applies with model.rope_scaling.type=llama3, not {c.model.rope_scaling.type}"),
     Rule(("model.reconstruction_loss",), lambda c: c.model.task is not Task.AUTOENCODER,
      lambda c: f"it applies with model.task=autoencoder, not {c.model.task}"),
 ]

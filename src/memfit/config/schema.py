@@ -1,13 +1,14 @@
 """The typed configuration: frozen dataclasses whose field docs become `--help` and the
 config reference (docs/config.md). Every key a user can write lives here, once.
 
-Sections mirror the YAML file: ``model``, ``data``, ``adapter``, ``optimizer`` (with
-``optimizer.galore``), ``precision``, ``memory``, ``train``, ``distributed``, ``log``.
+Sections mirror the YAML file: ``model`` (with ``model.rope_scaling``, in rope.py), ``data``
+(with ``data.images``, in images.py), ``adapter``, ``optimizer`` (with ``optimizer.galore``),
+``precision``, ``memory``, ``train``, ``distributed``, ``log``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from memfit.config.choices import (
@@ -17,8 +18,6 @@ from memfit.config.choices import (
     DistributedStrategy,
     GaloreInner,
     GaloreProjector,
-    ImageNormalize,
-    ImageResize,
     LayerwiseRefresh,
     LrSchedule,
     ModelDtype,
@@ -29,6 +28,8 @@ from memfit.config.choices import (
     SubspaceChange,
     Task,
 )
+from memfit.config.fields import doc
+from memfit.config.images import ImagesConfig
 from memfit.config.limits import (
     MAX_BATCH,
     MAX_CLASSES,
@@ -38,13 +39,7 @@ from memfit.config.limits import (
     MAX_STEPS,
     MAX_TOKENS,
 )
-
-
-def doc(text: str, limits: tuple[int, int] | None = None, **kwargs):
-    """A dataclass field whose help text feeds `--help` and docs/config.md; ``limits``: the
-    lowest and highest whole number accepted (config/limits.py checks them)."""
-    metadata = {"help": text} if limits is None else {"help": text, "limits": limits}
-    return field(metadata=metadata, **kwargs)
+from memfit.config.rope import RopeScalingConfig
 
 
 @dataclass(frozen=True)
@@ -107,43 +102,8 @@ class ModelConfig:
         "model.task=autoencoder: mse or l1 between the reconstruction and the target image.",
         default=ReconstructionLoss.MSE,
     )
-
-
-@dataclass(frozen=True)
-class ImagesConfig:
-    size: int | None = doc(
-        "Side of the square images the model sees (resized as data.images.resize says); "
-        "null keeps each image's own size, which must then be the same for all. Presets "
-        "(conv-autoencoder, vit-autoencoder) need it.",
-        limits=(1, 2**15), default=None,
-    )
-    resize: ImageResize = doc(
-        "crop (scale the shorter side to size, then cut the centre square) or stretch "
-        "(scale both sides to size, ignoring the aspect ratio).",
-        default=ImageResize.CROP,
-    )
-    channels: int = doc("1 (grayscale) or 3 (RGB). An image file of any mode is converted as "
-                        "Pillow converts it (L or RGB; alpha dropped; 16-bit gray keeps its "
-                        "values); an RGB array becomes gray by the same luma weights.",
-                        default=1)
-    normalize: ImageNormalize = doc(
-        "How intensities reach [0, 1]: auto (unsigned integers divided by their type's "
-        "maximum, e.g. 255; float arrays already in [0, 1] kept as they are; anything else "
-        "min-max scaled per image) or minmax (every image scaled to span [0, 1]).",
-        default=ImageNormalize.AUTO,
-    )
-    contrast: tuple[str, ...] = doc(
-        "Contrast transforms making the model's input, applied in order: gamma:G, invert, "
-        "window:LEVEL:WIDTH, stretch[:LOW:HIGH] (percentiles to [0, 1], default 1:99), "
-        "noise:SIGMA (Gaussian, seeded per image). Empty: the images as they are.",
-        default=(),
-    )
-    target_contrast: tuple[str, ...] | None = doc(
-        "Transforms making the image the model should output, from the same original; null: "
-        "the input itself (plain reconstruction). E.g. contrast=[noise:0.1] with "
-        "target_contrast=[] trains denoising.",
-        default=None,
-    )
+    rope_scaling: RopeScalingConfig = doc("Rotary positions past the native window.",
+                                          default_factory=RopeScalingConfig)
 
 
 @dataclass(frozen=True)

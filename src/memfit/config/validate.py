@@ -11,7 +11,7 @@ import math
 
 from memfit._utils.errors import ConfigError
 from memfit._utils.sizes import parse_bytes
-from memfit.config.choices import TOKEN_FORMATS
+from memfit.config.choices import TOKEN_FORMATS, RopeScaling
 from memfit.config.limits import (
     MAX_CLASSES,
     MAX_EPOCHS,
@@ -36,6 +36,7 @@ def validate(config: Config) -> None:
     check_control_characters(config)
     _check_model(config)
     check_numbers(config)
+    check_rope_scaling(config)
     _check_combinations(config)
     _check_distributed(config)
     _check_nonfinite(config)
@@ -110,12 +111,44 @@ def _float_domains(config: Config):
         ("data.eval_fraction", config.data.eval_fraction, _FRACTION),
         ("train.epochs", config.train.epochs, _ABOVE_ZERO),
     ]
+    rope = config.model.rope_scaling
+    if rope.factor is not None:
+        domains.append(("model.rope_scaling.factor", rope.factor,
+                        (lambda value: value > 1, "above 1 (the native window times it)")))
+    if rope.type is RopeScaling.LLAMA3:
+        domains += [("model.rope_scaling.low_freq_factor", rope.low_freq_factor, _ABOVE_ZERO),
+                    ("model.rope_scaling.high_freq_factor", rope.high_freq_factor, _ABOVE_ZERO)]
     if config.optimizer.eps is not None:
         domains.append(("optimizer.eps", config.optimizer.eps, _ABOVE_ZERO))
     if config.train.max_grad_norm is not None:
         domains.append(("train.max_grad_norm", config.train.max_grad_norm,
                         (_ABOVE_ZERO[0], "above 0 and finite, or null to disable clipping")))
     return domains
+
+
+def check_rope_scaling(config: Config) -> None:
+    """model.rope_scaling as a whole: a method and its factor together, on a model that can
+    have rotary embeddings (whether it does is known once its config is read:
+    models/rope.py)."""
+    rope, model = config.model.rope_scaling, config.model
+    methods = ", ".join(str(member) for member in RopeScaling if member is not RopeScaling.NONE)
+    if rope.type is RopeScaling.NONE:
+        if rope.factor is not None:
+            raise ConfigError(f"model.rope_scaling.factor={rope.factor} needs "
+                              f"model.rope_scaling.type, one of: {methods}")
+        return
+    if rope.factor is None:
+        raise ConfigError(f"model.rope_scaling.type={rope.type} needs model.rope_scaling.factor "
+                          "(how many times the native window, a number above 1, e.g. 4)")
+    if model.factory or model.task not in (Task.CAUSAL_LM, Task.SEQUENCE_CLASSIFICATION):
+        source = "model.factory" if model.factory else f"model.task={model.task}"
+        raise ConfigError(f"model.rope_scaling.type={rope.type} applies to causal-lm and "
+                          "sequence-classification models of model.path or model.preset with "
+                          f"rotary position embeddings, not {source}; set "
+                          "model.rope_scaling.type=none")
+    if rope.type is RopeScaling.LLAMA3 and rope.high_freq_factor <= rope.low_freq_factor:
+        raise ConfigError(f"model.rope_scaling.high_freq_factor={rope.high_freq_factor} must be "
+                          f"above model.rope_scaling.low_freq_factor={rope.low_freq_factor}")
 
 
 def _check_combinations(config: Config) -> None:

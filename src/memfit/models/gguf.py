@@ -151,8 +151,10 @@ def gguf_config(file: Path) -> Any:
                          f"config ({first_line(error)})") from None
 
 
-def load_gguf_model(file: Path, auto_class: Any, dtype: torch.dtype) -> nn.Module:
-    """The file's model, dequantized into ``dtype``, as a plain transformers model."""
+def load_gguf_model(file: Path, auto_class: Any, dtype: torch.dtype,
+                    config_overrides: dict[str, Any]) -> nn.Module:
+    """The file's model, dequantized into ``dtype``, as a plain transformers model; its
+    config changed by ``config_overrides`` (model.rope_scaling's) first."""
     summary = check_gguf(file)
     warnings.warn(f"model.path={file} is a GGUF file: transformers loads its "
                   f"{', '.join(summary.tensor_types)} tensors dequantized into model.dtype="
@@ -160,7 +162,7 @@ def load_gguf_model(file: Path, auto_class: Any, dtype: torch.dtype) -> nn.Modul
     try:
         with _quiet_dequantizing():
             model = auto_class.from_pretrained(**_gguf_arguments(file), dtype=dtype,
-                                               **_dequantized())
+                                               **_dequantized(), **config_overrides)
     except (OSError, ValueError, KeyError, NotImplementedError, RuntimeError) as error:
         # RuntimeError: weights whose shapes differ from those the metadata describes
         raise ModelError(f"model.path={file}: transformers cannot load this GGUF file "

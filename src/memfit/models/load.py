@@ -26,6 +26,8 @@ from torch import nn
 
 from memfit._utils.broken_imports import diagnose
 from memfit._utils.errors import MemfitWarning, ModelError, first_line
+from memfit.config.choices import RopeScaling
+from memfit.config.rope import RopeScalingConfig
 from memfit.config.schema import ImagesConfig, ModelConfig, ModelDtype, Task
 from memfit.models.classifier import head_names, label_arguments
 from memfit.models.folder_checks import check_config_json, check_weight_files
@@ -36,6 +38,7 @@ from memfit.models.image_classifier import (
     load_image_classifier,
 )
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
+from memfit.models.rope import rope_arguments, with_rope_scaling
 from memfit.models.tokenizers import byte_level_tokenizer
 
 TORCH_DTYPES = {
@@ -57,22 +60,23 @@ def load_model(config: ModelConfig, quantization_config: Any | None = None,
                images: ImagesConfig | None = None) -> LoadedModel:
     """``quantization_config``: a transformers BitsAndBytesConfig applied while loading a
     Hugging Face folder (built models are quantized afterwards by techniques.quantize).
-    ``images``: data.images, whose channels and size shape the image presets."""
+    ``images``: data.images, whose channels and size shape the image presets. A language
+    model's config gets model.rope_scaling (models/rope.py) before its model is built."""
     dtype = TORCH_DTYPES[config.dtype]
     if config.path and (file := gguf_file(Path(config.path))) is not None:
-        return _from_gguf(file, config.task, dtype, quantization_config)
+        return _from_gguf(file, config.task, dtype, quantization_config, config.rope_scaling)
     if config.path and config.task is Task.IMAGE_CLASSIFICATION:
         return _image_classifier_folder(Path(config.path), dtype, quantization_config,
                                         config.labels, images or ImagesConfig())
     if config.path:
         return _from_folder(Path(config.path), config.task, dtype, quantization_config,
-                            config.labels)
+                            config.labels, config.rope_scaling)
     if config.preset and (config.preset in IMAGE_PRESETS | CLASSIFIER_PRESETS
                           or config.task in (Task.AUTOENCODER, Task.IMAGE_CLASSIFICATION)):
         model = build_image_preset(config, images or ImagesConfig())
         return LoadedModel(model.to(dtype), None, is_transformers=False)
     if config.preset:
-        return _from_preset(config.preset, dtype, quantization_config)
+        return _from_preset(config.preset, dtype, quantization_config, config.rope_scaling)
     return _from_factory(config, dtype)
 
 
@@ -128,8 +132,8 @@ def path_config(path: Path) -> Any:
     return AutoConfig.from_pretrained(path)
 
 
-def _from_gguf(file: Path, task: Task, dtype: torch.dtype,
-               quantization_config: Any | None) -> LoadedModel:
+def _from_gguf(file: Path, task: Task, dtype: torch.dtype, quantization_config: Any | None,
+               rope: RopeScalingConfig) -> LoadedModel:
     """A causal LM from a GGUF file, dequantized into ``dtype``; a 4-bit base is quantized
     after loading, as a preset's is (techniques.quantize): transformers does not combine
     GGUF with bitsandbytes."""
@@ -139,16 +143,27 @@ def _from_gguf(file: Path, task: Task, dtype: torch.dtype,
     if quantization_config is not None:
         raise ModelError(f"model.path={file}: a GGUF file cannot be quantized while loading; "
                          "QLoRA quantizes it after (techniques.quantize)")
-    model = load_gguf_model(file, _auto_class(task), dtype)
+    scaled = _rope_arguments(rope, lambda: gguf_config(file), f"model.path={file}")
+    model = load_gguf_model(file, _auto_class(task), dtype, scaled)
     tokenizer, _ = _checked_tokenizer(file, model.config.vocab_size)
     return LoadedModel(model, tokenizer, is_transformers=True)
 
 
-def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
-                 quantization_config: Any | None = None, labels: tuple[str, ...] = ()
-                 ) -> LoadedModel:
+def _rope_arguments(rope: RopeScalingConfig, read_config: Callable[[], Any], model: str
+                    ) -> dict[str, Any]:
+    """``rope_arguments`` of the config ``read_config`` reads, read only when there is a
+    scaling to apply."""
+    if rope.type is RopeScaling.NONE:
+        return {}
+    return rope_arguments(read_config(), rope, model)
+
+
+def _from_folder(folder: Path, task: Task, dtype: torch.dtype, quantization_config: Any | None,
+                 labels: tuple[str, ...], rope: RopeScalingConfig) -> LoadedModel:
     check_config_json(folder)
     check_weight_files(folder)
+    # from_pretrained hands these to the folder's config, which the model is built from.
+    scaled = _rope_arguments(rope, lambda: path_config(folder), f"model.path={folder}")
     classifies = task is Task.SEQUENCE_CLASSIFICATION
     if classifies and not labels:
         raise ModelError(f"model.path={folder}: model.task=sequence-classification needs "
@@ -156,10 +171,11 @@ def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
     try:
         if classifies:
             model = _load_classifier(folder, labels, dtype=dtype,
-                                     quantization_config=quantization_config)
+                                     quantization_config=quantization_config, scaled=scaled)
         else:
             model = _auto_class(task).from_pretrained(folder, dtype=dtype,
-                                                      quantization_config=quantization_config)
+                                                      quantization_config=quantization_config,
+                                                      **scaled)
     except (OSError, ValueError, SafetensorError) as error:
         raise ModelError(f"model.path={folder}: cannot load the model "
                          f"({first_line(error)})") from None
@@ -176,7 +192,7 @@ def _from_folder(folder: Path, task: Task, dtype: torch.dtype,
 
 
 def _load_classifier(folder: Path, labels: tuple[str, ...], dtype: torch.dtype,
-                     quantization_config: Any | None) -> nn.Module:
+                     quantization_config: Any | None, scaled: dict[str, Any]) -> nn.Module:
     """A sequence classifier of ``labels`` from a folder that usually has no head yet.
     transformers' load report would list the head's weights as missing, which is what a
     new head is; weights missing anywhere else start random too, and are warned about."""
@@ -188,7 +204,7 @@ def _load_classifier(folder: Path, labels: tuple[str, ...], dtype: torch.dtype,
     try:
         model, loading = AutoModelForSequenceClassification.from_pretrained(
             folder, dtype=dtype, quantization_config=quantization_config,
-            output_loading_info=True, **label_arguments(labels))
+            output_loading_info=True, **label_arguments(labels), **scaled)
     finally:
         transformers_logging.set_verbosity(verbosity)
     head = set(head_names(model))
@@ -202,17 +218,19 @@ def _load_classifier(folder: Path, labels: tuple[str, ...], dtype: torch.dtype,
     return model
 
 
-def _from_preset(name: str, dtype: torch.dtype, quantization_config: Any | None) -> LoadedModel:
+def _from_preset(name: str, dtype: torch.dtype, quantization_config: Any | None,
+                 rope: RopeScalingConfig) -> LoadedModel:
     from transformers import AutoModelForCausalLM
 
     if name == DEMO_BASE:
         from memfit.demo import demo_assets_dir
 
         return _from_folder(demo_assets_dir() / "base", Task.CAUSAL_LM, dtype,
-                            quantization_config)
+                            quantization_config, (), rope)
     if name not in PRESETS:
         raise ModelError(f"model.preset={name!r} is not one of: {', '.join(preset_names())}")
-    model = AutoModelForCausalLM.from_config(PRESETS[name](), dtype=dtype)
+    transformers_config = with_rope_scaling(PRESETS[name](), rope, f"model.preset={name}")
+    model = AutoModelForCausalLM.from_config(transformers_config, dtype=dtype)
     return LoadedModel(model, byte_level_tokenizer(), is_transformers=True)
 
 

@@ -1,11 +1,14 @@
 """``data.max_length`` against the model's context length, checked before a model is
 built or traced: positions beyond the context either fail deep inside the model or are
-planned and trained as if they were meaningful."""
+planned and trained as if they were meaningful. With model.rope_scaling the context is the
+scaled one (models/rope.py); without it, the way past a RoPE model's window is named."""
 
 from __future__ import annotations
 
 from memfit._utils.errors import ConfigError
+from memfit.config.choices import RopeScaling
 from memfit.config.schema import Config
+from memfit.models import rope
 from memfit.plan import meta
 
 # Where transformers configs keep the longest sequence the model was built for (GPT-2's
@@ -14,11 +17,15 @@ CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length",
 
 
 def context_length(config: Config) -> tuple[str, int] | None:
-    """(the config key it is read from, its value) for model.path / model.preset models;
-    None for factories and configs that name no context length."""
+    """(where it is read from, its value) for model.path / model.preset models, with
+    model.rope_scaling applied; None for factories and configs that name no context
+    length."""
     transformers_config = meta.hf_config(config)
     if transformers_config is None:
         return None
+    found = rope.context(transformers_config)
+    if found is not None:
+        return found
     for key in CONTEXT_KEYS:
         value = getattr(transformers_config, key, None)
         if isinstance(value, int) and value > 0:
@@ -26,14 +33,29 @@ def context_length(config: Config) -> tuple[str, int] | None:
     return None
 
 
+def beyond_context(config: Config, needed: int | None = None) -> str | None:
+    """The model.rope_scaling overrides that extend the context to ``needed`` tokens (None:
+    four times it); None when the config scales already or its model has no RoPE."""
+    if config.model.rope_scaling.type is not RopeScaling.NONE:
+        return None
+    transformers_config = meta.hf_config(config)
+    return None if transformers_config is None else rope.suggestion(transformers_config, needed)
+
+
 def check_max_length(config: Config) -> None:
     """Raise a ConfigError naming both numbers when data.max_length exceeds the context."""
     found = context_length(config)
-    if found is None or config.data.max_length <= found[1]:
+    length = config.data.max_length
+    if found is None or length <= found[1]:
         return
     key, context = found
     model = (f"model.path={config.model.path}" if config.model.path
              else f"model.preset={config.model.preset}")
+    if config.model.rope_scaling.type is not RopeScaling.NONE:
+        beyond = ", or a larger model.rope_scaling.factor"
+    else:
+        hint = beyond_context(config, length)
+        beyond = f", or extend the context with {hint}" if hint else ""
     raise ConfigError(
-        f"data.max_length={config.data.max_length} is beyond the context of {model} "
-        f"({key}={context}); set data.max_length to {context} or less")
+        f"data.max_length={length} is beyond the context of {model} ({key}={context}); set "
+        f"data.max_length to {context} or less{beyond}")

@@ -26,12 +26,12 @@ model; instead:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from memfit._utils.errors import ConfigError, MemfitError
 from memfit.config.schema import Config, Task
-from memfit.plan.context import context_length
+from memfit.plan.context import beyond_context, context_length
 from memfit.plan.itemize import Estimate, estimate
 from memfit.plan.planner import device_assumed, long_sequence_techniques_ok, parse_budget
 from memfit.plan.strategies import METHODS, Overrides, levels, strategies, with_overrides
@@ -53,6 +53,9 @@ class LongestFit:
     overrides: Overrides  # the strategy's, plus data.max_length
     estimate: Estimate | None  # at max_length
     plans: int  # how many configurations were planned
+    # The search stopped at the context of a RoPE model without model.rope_scaling: the
+    # overrides that extend it.
+    beyond: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "device": self.device,
@@ -60,7 +63,7 @@ class LongestFit:
                 "context": self.context, "max_length": self.max_length,
                 "strategy": self.strategy, "overrides": self.overrides,
                 "estimate": self.estimate.to_json() if self.estimate else None,
-                "plans": self.plans}
+                "plans": self.plans, "beyond": self.beyond}
 
 
 def longest_fit(config: Config, budget: str | int, device: str = "cuda") -> LongestFit:
@@ -87,14 +90,17 @@ def longest_fit(config: Config, budget: str | int, device: str = "cuda") -> Long
                    and search.bytes(name, short) is not None]
     if not fitting:
         return search.result(None, None, context)
-    predicted = {name: search.predicted_crossing(name, *line) if len(line) == 2
+    # Capped at the context: candidates all predicted past it tie there, and the preferred
+    # one (the config as given first) is searched rather than the one predicted furthest.
+    predicted = {name: min(search.predicted_crossing(name, *line), context) if len(line) == 2
                  else float(context) for name in fitting}
     top = max(predicted.values())
     reached = {name: search.longest(name, shortest, predicted[name], context)
                for name in fitting if predicted[name] >= _CONTENDER * top}
     longest = max(reached.values())
     best = next(name for name in search.names if reached.get(name) == longest)  # preferred
-    return search.result(best, longest, context)
+    found = search.result(best, longest, context)
+    return replace(found, beyond=beyond_context(config)) if longest == context else found
 
 
 class _Search:

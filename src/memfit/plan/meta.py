@@ -39,6 +39,7 @@ from memfit.models.classifier import label_arguments, with_classes
 from memfit.models.image_classifier import CLASSIFIER_PRESETS
 from memfit.models.load import build_image_preset, import_object, path_config
 from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
+from memfit.models.rope import with_rope_scaling
 from memfit.plan.pretrained_on_meta import from_pretrained_on_meta
 from memfit.techniques import registry
 from memfit.techniques.quantize_stand_in import QuantizedLinear
@@ -52,7 +53,18 @@ class MetaModel:
 
 
 def hf_config(config: Config):
-    """The transformers config of model.path / model.preset, or None for a factory."""
+    """The transformers config of model.path / model.preset with model.rope_scaling applied
+    as training applies it (models/rope.py), or None for a factory."""
+    model = config.model
+    found = _source_config(config)
+    if found is None:
+        return None
+    name = f"model.preset={model.preset}" if model.preset else f"model.path={model.path}"
+    return with_rope_scaling(found, model.rope_scaling, name)
+
+
+def _source_config(config: Config):
+    """The transformers config model.path / model.preset names, as it is there."""
     from transformers import AutoConfig
 
     model = config.model

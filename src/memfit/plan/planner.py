@@ -28,7 +28,7 @@ from memfit.config.limits import (
     check_count,
 )
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Task
-from memfit.config.validate import check_numbers
+from memfit.config.validate import check_numbers, check_rope_scaling
 from memfit.plan import meta
 from memfit.plan.choose import StrategyEstimate, check_preference, choose, itemized, sharded_first
 from memfit.plan.context import check_max_length
@@ -285,6 +285,7 @@ def load_plan_config(path: str | Path | None, overrides: list[str],
     config = load.build_unvalidated(Config, load.merge(raw, given))
     # Numbers in range: a plan of 10**23 examples per micro-batch would never end.
     check_numbers(config)
+    check_rope_scaling(config)  # a method and its factor together, on a model that can take it
     check_control_characters(config)
     sources = [key for key in MODEL_SOURCES if getattr(config.model, key)]
     if len(sources) != 1:

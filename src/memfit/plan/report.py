@@ -118,6 +118,8 @@ def format_longest(result: LongestFit, config: Config) -> str:
              f"{result.plans} configurations planned",
              "apply with:  " + " ".join(f"{key}={_value(value)}"
                                         for key, value in result.overrides.items())]
+    if result.beyond:
+        lines.append(f"set {result.beyond} to train past the {result.context:,}-token window")
     return "\n".join(lines)
 
 
