@@ -12,6 +12,7 @@ from memfit.plan.itemize import Estimate
 from memfit.plan.longest import MIN_LENGTH, LongestFit
 from memfit.plan.planner import Plan, device_label
 from memfit.plan.step_time import StepTime
+from memfit.plan.strategies import differing
 
 _COLUMNS = (*CATEGORIES, "peak", "+overhead", "host", "step", "tok/s")
 
@@ -79,9 +80,9 @@ def format_plan(result: Plan, config: Config) -> str:
                      "get a recommendation")
     else:
         lines.append(f"recommended: {result.recommended or 'none'}: {result.reason}")
-    if result.recommended_overrides:
+    if changes := differing(config, result.recommended_overrides):
         lines.append("apply with:  " + " ".join(
-            f"{key}={_value(value)}" for key, value in result.recommended_overrides.items()))
+            f"{key}={_value(value)}" for key, value in changes.items()))
     lines.append("peak = live tensor bytes (weights..temporaries at the peak); +overhead adds "
                  "the CUDA context and allocator slack; host = offloaded bytes; step = "
                  "predicted seconds per optimizer step and tok/s the tokens it trains on per "
@@ -116,8 +117,8 @@ def format_longest(result: LongestFit, config: Config) -> str:
              f"{format_bytes(needs.device_overhead_bytes)}; host "
              f"{format_bytes(needs.host_bytes)}; peak at the {needs.peak_moment.name}); "
              f"{result.plans} configurations planned",
-             "apply with:  " + " ".join(f"{key}={_value(value)}"
-                                        for key, value in result.overrides.items())]
+             "apply with:  " + " ".join(f"{key}={_value(value)}" for key, value
+                                        in differing(config, result.overrides).items())]
     if result.beyond:
         lines.append(f"set {result.beyond} to train past the {result.context:,}-token window")
     return "\n".join(lines)

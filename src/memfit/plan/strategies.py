@@ -22,57 +22,73 @@ so every level of a method is tried before the next method.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import typing
 from typing import Any
 
 from memfit.config.load import convert_value
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Task
-from memfit.techniques.optimizers import spec_for
+from memfit.techniques.optimizers import SPECS, spec_for
+from memfit.techniques.registry import TECHNIQUES
+from memfit.techniques.specs.spec import PLAN_LEVELS
 
 Overrides = dict[str, Any]
 
+# The two families of methods: full-parameter training in bf16 autocast (each optimizer
+# spec's plan_methods), and adapters on a bf16 frozen base (embeddings and norms
+# included) with fp32 adapters (PEFT; the adapter spec's plan_methods).
 _FULL = {"adapter.kind": "none", "optimizer.layerwise": False, "precision": "bf16"}
-# Adapters: a bf16 frozen base (embeddings and norms included), fp32 adapters (PEFT).
 _ADAPTER = {"optimizer.name": "adamw", "optimizer.layerwise": False, "precision": "bf16",
             "model.dtype": "bfloat16"}
 METHODS: list[tuple[str, Overrides]] = [
-    ("full-adamw", {**_FULL, "optimizer.name": "adamw"}),
-    ("full-adamw8bit", {**_FULL, "optimizer.name": "adamw8bit"}),
-    ("full-adafactor", {**_FULL, "optimizer.name": "adafactor"}),
-    ("full-galore", {**_FULL, "optimizer.name": "galore", "optimizer.galore.inner": "adamw"}),
-    ("full-galore8bit-layerwise", {**_FULL, "optimizer.name": "galore",
-                                   "optimizer.galore.inner": "adamw8bit",
-                                   "optimizer.layerwise": True, "precision": "bf16-pure"}),
-    # The same with fp32 moments on R: what FSDP2 shards (8-bit inner state is not divided).
-    ("full-galore-layerwise", {**_FULL, "optimizer.name": "galore",
-                               "optimizer.galore.inner": "adamw",
-                               "optimizer.layerwise": True, "precision": "bf16-pure"}),
-    ("lora", {**_ADAPTER, "adapter.kind": "lora"}),
-    ("qlora", {**_ADAPTER, "adapter.kind": "qlora"}),
+    *((name, {**_FULL, "optimizer.name": spec.name, **overrides})
+      for spec in SPECS.values() for name, overrides in spec.plan_methods),
+    *((name, {**_ADAPTER, **overrides})
+      for spec in TECHNIQUES for name, overrides in spec.plan_methods),
 ]
-_OFF = {"memory.gradient_checkpointing": False, "memory.chunked_loss": False,
-        "memory.tiled_mlp": False, "memory.activation_offload": False,
-        "memory.optimizer_offload": False}
 
+
+def value_of(config: Config, key: str) -> Any:
+    """A dotted key's value in ``config``, as a user writes it (an enum by its value)."""
+    node: Any = config
+    for part in key.split("."):
+        node = getattr(node, part)
+    return node.value if isinstance(node, enum.Enum) else node
+
+
+def differing(config: Config, overrides: Overrides) -> Overrides:
+    """The overrides that change ``config``: what a user must write to apply a row."""
+    return {key: value for key, value in overrides.items() if value_of(config, key) != value}
+
+
+# What every row starts from: the techniques' row_reset keys at their defaults, so a row
+# differs from the user's config in what changes what is trained only where its method or
+# level says so.
+_RESET: Overrides = {key: value_of(Config(), key) for spec in TECHNIQUES for key in spec.row_reset}
 
 # The levels' name suffixes, in order: plain, checkpointing, offload; and the planner's
 # partial level between two of them that fits a budget (plan/search.py).
-LEVELS = ("", "+ckpt", "+offload")
+LEVELS = ("", *PLAN_LEVELS)
 FIT = "+fit"
 
 
 def levels(state_offload_ok: bool, chunked_loss_ok: bool, tiled_mlp_ok: bool = False
            ) -> list[tuple[str, Overrides]]:
-    """plain, +ckpt, +offload; optimizer state goes to the host only where it can
-    (full-parameter training that steps after backward: layer-wise steps run inside it).
-    The MLP is tiled with checkpointing where the model has MLP modules: a micro-batch of
-    at most memory.mlp_chunk_tokens tokens runs untiled, so short sequences lose nothing,
-    and a long one keeps one chunk's MLP activations instead of the sequence's."""
-    checkpointing = {**_OFF, "memory.gradient_checkpointing": True,
-                     "memory.chunked_loss": chunked_loss_ok, "memory.tiled_mlp": tiled_mlp_ok}
-    offload = {**checkpointing, "memory.activation_offload": True,
-               "memory.optimizer_offload": state_offload_ok}
-    return list(zip(LEVELS, (dict(_OFF), checkpointing, offload), strict=True))
+    """plain, +ckpt, +offload, each switching on the techniques of the levels up to it
+    (techniques/specs: a spec's ``level``), but for those that cannot apply: optimizer
+    state goes to the host only where it can (full-parameter training that steps after
+    backward: layer-wise steps run inside it), the loss is chunked for causal LMs, and the
+    MLP is tiled where the model has MLP modules (a micro-batch of at most
+    memory.mlp_chunk_tokens tokens runs untiled, so short sequences lose nothing, and a
+    long one keeps one chunk's MLP activations instead of the sequence's)."""
+    can_apply = {"memory.optimizer_offload": state_offload_ok,
+                 "memory.chunked_loss": chunked_loss_ok, "memory.tiled_mlp": tiled_mlp_ok}
+    found = [("", dict(_RESET))]
+    for level in PLAN_LEVELS:
+        switched = {spec.row_reset[0]: can_apply.get(spec.row_reset[0], True)
+                    for spec in TECHNIQUES if spec.level == level}
+        found.append((level, {**found[-1][1], **switched}))
+    return found
 
 
 def strategies(chunked_loss_ok: bool, tiled_mlp_ok: bool = False, sharded: bool = False

@@ -40,4 +40,5 @@ def _cost(param: Param, config: Config) -> ParamCost:
 SPEC = OptimizerSpec(
     name="adafactor",
     docs_row=("`torch.optim.Adafactor` (see below)", "(m + n) x 4 bytes per m x n matrix"),
-    factory=_factory, costs=per_param(_cost), step_work=streaming(ADAFACTOR), steps_local_rows=True)
+    factory=_factory, costs=per_param(_cost), step_work=streaming(ADAFACTOR), steps_local_rows=True,
+    plan_methods=(("full-adafactor", {}),))

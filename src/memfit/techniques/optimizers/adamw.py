@@ -69,6 +69,7 @@ SPEC = OptimizerSpec(
                      (PLAIN, LAYERWISE, PURE, PURE_LAYERWISE)),),
     factory=_factory,
     costs=per_param(_cost), step_work=streaming(ADAMW),
+    plan_methods=(("full-adamw", {}),),
     step_scratch=_step_scratch,
     rounds_stochastically=True,
     # 8-bit AdamW rounds to nearest, so bf16-pure weights keep memfit's AdamW.

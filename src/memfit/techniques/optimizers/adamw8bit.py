@@ -78,7 +78,7 @@ SPEC = OptimizerSpec(
     docs_row=("`bitsandbytes.optim.AdamW8bit` (block-wise 8-bit moments; tensors under 4096 "
               "values keep fp32 moments)", "~2 bytes"),
     options=ADAM_OPTIONS, factory=_factory(paged=False), costs=_costs,
-    step_work=streaming(ADAMW8BIT),
+    step_work=streaming(ADAMW8BIT), plan_methods=(("full-adamw8bit", {}),),
     steps_local_rows=True)
 PAGED_SPEC = OptimizerSpec(
     name="paged_adamw8bit",

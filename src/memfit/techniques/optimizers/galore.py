@@ -262,4 +262,13 @@ SPEC = OptimizerSpec(
     factory=_factory, costs=per_param(_cost), targets=_targets,
     step_work=_step_work, backward_work=_backward_work,
     rounds_stochastically=True, steps_local_rows=True, row_shard_state=_row_shard_state,
-    fsdp_refusal=_fsdp_refusal, cheaper=_cheaper)
+    fsdp_refusal=_fsdp_refusal, cheaper=_cheaper,
+    # Layer-wise with 8-bit moments on R in pure bf16 (the least memory), and the same with
+    # fp32 moments: what FSDP2 shards (8-bit inner state is not divided).
+    plan_methods=(("full-galore", {"optimizer.galore.inner": "adamw"}),
+                  ("full-galore8bit-layerwise", {"optimizer.galore.inner": "adamw8bit",
+                                                 "optimizer.layerwise": True,
+                                                 "precision": "bf16-pure"}),
+                  ("full-galore-layerwise", {"optimizer.galore.inner": "adamw",
+                                             "optimizer.layerwise": True,
+                                             "precision": "bf16-pure"})))

@@ -142,6 +142,9 @@ class OptimizerSpec:
     # (work the planner's trace counted that training does not do, work done instead);
     # None: backward runs as traced.
     backward_work: BackwardWork | None = None
+    # The planner's full-parameter methods of it (plan/strategies.py): (row name, overrides
+    # beyond optimizer.name), in order of preference; none: the planner does not compare it.
+    plan_methods: tuple[tuple[str, Mapping[str, Any]], ...] = ()
 
 
 def bench_lines(spec: OptimizerSpec) -> tuple[BenchLine, ...]:

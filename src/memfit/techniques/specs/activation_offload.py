@@ -37,5 +37,6 @@ SPEC = TechniqueSpec(
          "ActivationOffload context keeps them; with memory.offload_blocks only inside the "
          "chosen blocks (plan/offload_in_blocks.py)",
     apply=apply, plan_apply=apply,
+    row_reset=("memory.activation_offload", "memory.offload_blocks"), level="+offload",
     ignored=(Rule(("memory.offload_blocks",), lambda c: not c.memory.activation_offload,
                   lambda c: "it applies with memory.activation_offload=true"),))

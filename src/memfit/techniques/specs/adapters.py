@@ -38,4 +38,5 @@ SPEC = TechniqueSpec(
           "adapter.dora", "adapter.trainable_modules"),
     stage="model", enabled=enabled,
     plan="only adapter weights (and adapter.trainable_modules) have grads and state",
-    apply=apply, check_applied=check_applied, plan_apply=apply)
+    apply=apply, check_applied=check_applied, plan_apply=apply,
+    plan_methods=(("lora", {"adapter.kind": "lora"}), ("qlora", {"adapter.kind": "qlora"})))

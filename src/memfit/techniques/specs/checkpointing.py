@@ -31,6 +31,10 @@ SPEC = TechniqueSpec(
          "stand-ins of checkpointed and of plain blocks, added up per kind",
     # Before the adapters: PEFT renames the modules checkpointing looks for.
     apply=apply, check_applied=check_applied, plan_apply=apply,
+    # A +ckpt row checkpoints every block (its +fit row searches how many); the user's
+    # memory.checkpoint_modules stays: it says which modules are the blocks.
+    row_reset=("memory.gradient_checkpointing", "memory.checkpoint_every",
+               "memory.checkpoint_blocks"), level="+ckpt",
     ignored=(Rule(("memory.checkpoint_modules", "memory.checkpoint_every",
                    "memory.checkpoint_blocks"),
                   lambda c: not c.memory.gradient_checkpointing,

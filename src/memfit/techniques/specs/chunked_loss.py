@@ -22,6 +22,6 @@ SPEC = TechniqueSpec(
     keys=("memory.chunked_loss", "memory.loss_chunk_tokens"),
     stage="step", enabled=lambda config: config.memory.chunked_loss,
     plan="techniques.training_loss, traced as training runs it (plan.workload)",
-    check_applied=check_applied,
+    check_applied=check_applied, row_reset=("memory.chunked_loss",), level="+ckpt",
     ignored=(Rule(("memory.loss_chunk_tokens",), lambda c: not c.memory.chunked_loss,
                   lambda c: "it applies with memory.chunked_loss=true"),))

@@ -29,6 +29,7 @@ SPEC = TechniqueSpec(
                             and config.adapter.kind is AdapterKind.NONE),
     plan="the meta model's embeddings are frozen as training's: no gradient, no state",
     apply=apply, check_applied=check_applied, plan_apply=apply,
+    row_reset=("memory.freeze_embeddings",),  # the full-* rows train every weight
     ignored=(Rule(("memory.freeze_embeddings",),
                   lambda c: c.adapter.kind is not AdapterKind.NONE,
                   lambda c: f"adapter.kind={c.adapter.kind} freezes every base weight already"),),

@@ -27,4 +27,4 @@ SPEC = TechniqueSpec(
          "copies are host-tagged storage the tracker counts apart); under FSDP2 its "
          "CPUOffloadPolicy (distributed.fsdp, distributed.host_offload) keeps the "
          "sharded weights, grads and state on the host and steps there",
-    apply=apply)
+    apply=apply, row_reset=("memory.optimizer_offload",), level="+offload")

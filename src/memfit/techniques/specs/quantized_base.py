@@ -81,4 +81,6 @@ SPEC = TechniqueSpec(
     keys=("adapter.kind=qlora", "adapter.quantization", "adapter.double_quant"),
     stage="load", enabled=enabled,
     plan="techniques.quantize_stand_in: QuantizedLinear's bytes and matmul memory",
-    apply=apply, check_applied=check_applied, plan_apply=plan_apply, moments=moments)
+    apply=apply, check_applied=check_applied, plan_apply=plan_apply, moments=moments,
+    # The qlora row is NF4 with double quantization, whatever base the config quantizes.
+    row_reset=("adapter.quantization", "adapter.double_quant"))

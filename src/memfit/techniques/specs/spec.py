@@ -24,6 +24,12 @@ from memfit.config.schema import Config
 from memfit.techniques.moments import Moment, StepBytes
 
 Stage = Literal["load", "model", "device", "optimizer", "step"]
+# The planner's levels beyond plain (plan/strategies.py), in order: a level's rows switch on
+# the techniques of every level up to it.
+PlanLevel = Literal["+ckpt", "+offload"]
+PLAN_LEVELS: tuple[PlanLevel, ...] = ("+ckpt", "+offload")
+# A method the planner compares: its row name and the config overrides that make it.
+PlanMethod = tuple[str, Mapping[str, Any]]
 STAGES: tuple[Stage, ...] = ("load", "model", "device", "optimizer", "step")
 
 
@@ -76,3 +82,12 @@ class TechniqueSpec:
     # Its moments of the run where the steps do not cover it (quantizing the base while
     # loading), planned like the optimizer's and the strategy's (plan/moments.py).
     moments: Callable[[StepBytes, Config], list[Moment]] | None = None
+    # The planner's strategy rows (plan/strategies.py). ``row_reset``: keys every row puts
+    # back to their defaults unless its method or level sets them: a technique that
+    # changes what is trained (which weights, how the base is stored) or how much a level
+    # covers, so no row inherits the user's choice of it. ``level``: the level whose rows
+    # switch it on (its first row_reset key set true). ``plan_methods``: the methods it
+    # makes (adapters: lora, qlora), in order of preference.
+    row_reset: tuple[str, ...] = ()
+    level: PlanLevel | None = None
+    plan_methods: tuple[PlanMethod, ...] = ()

@@ -28,5 +28,6 @@ SPEC = TechniqueSpec(
     plan="traced: the MLPs run chunk by chunk on the fake tensors, as in training",
     # Before the adapters; the trainable parameters are looked up at each call.
     apply=apply, check_applied=check_applied, plan_apply=apply,
+    row_reset=("memory.tiled_mlp",), level="+ckpt",
     ignored=(Rule(("memory.mlp_chunk_tokens",), lambda c: not c.memory.tiled_mlp,
                   lambda c: "it applies with memory.tiled_mlp=true"),))
