@@ -4,6 +4,7 @@ torch and transformers instead of paying it per case.
 
     {"train": CONFIG.yaml}                          memfit.train(CONFIG)
     {"train": CONFIG.yaml, "resume": RUN}           memfit.train(CONFIG, resume=RUN)
+    {"sequence_attention": true}                    sequence_attention.check_attention
     {"state": CONFIG.yaml, "steps": 3, "out": DIR}
         3 optimizer steps of the real training step; each rank then writes what it holds
         to DIR/rank-R.safetensors: its trainable weights (``weight/NAME``; its rows when
@@ -25,6 +26,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
+from sequence_attention import check_attention
 from torch.distributed.tensor import DTensor
 
 from memfit import distributed
@@ -122,6 +124,10 @@ def main(jobs_file: str) -> None:
         join_group_for(index)
         if "train" in job:
             train(job["train"], resume=job.get("resume"))
+        elif "sequence_attention" in job:
+            check_attention(padded=False)
+            check_attention(padded=True)
+            dist.destroy_process_group()
         else:
             write_state(job["state"], job["steps"], Path(job["out"]))
 

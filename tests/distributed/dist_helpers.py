@@ -61,11 +61,13 @@ def memfit(*arguments: str, cwd: Path, timeout: float = 300) -> subprocess.Compl
                           timeout=timeout)
 
 
-def on_two_processes(script: str, *arguments: str, cwd: Path,
-                     timeout: float = 900) -> subprocess.CompletedProcess:
-    """``script`` (a file beside these helpers) run by torchrun as 2 gloo processes."""
+def on_two_processes(script: str, *arguments: str, cwd: Path, timeout: float = 900,
+                     nproc: int = 2) -> subprocess.CompletedProcess:
+    """``script`` (a file beside these helpers) run by torchrun as ``nproc`` (2) gloo
+    processes."""
     return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         f"--nproc-per-node={nproc}",
          "--max-restarts=0", str(HERE / script), *arguments],
         cwd=cwd, env=memfit_environment(), capture_output=True, text=True, timeout=timeout)
 

@@ -36,13 +36,14 @@ def _resumable(key: str) -> bool:
 # How an optimizer step's examples are split: over processes, micro-batches and passes.
 # Any split of the same effective batch trains the same steps on the same examples (the
 # batch stream counts global examples and the loss is normalised over the whole step).
+# distributed.sequence_parallel: the ranks of a sequence group share their examples.
 _BATCH_SPLIT_KEYS = ("train.micro_batch_size", "train.gradient_accumulation_steps",
-                     "distributed.nproc")
+                     "distributed.nproc", "distributed.sequence_parallel")
 
 
 def effective_batch(config: Config) -> int:
-    return (config.train.micro_batch_size * config.train.gradient_accumulation_steps
-            * config.distributed.nproc)
+    groups = max(config.distributed.nproc // config.distributed.sequence_parallel, 1)
+    return config.train.micro_batch_size * config.train.gradient_accumulation_steps * groups
 
 
 def check_resume_changes(saved: Config, resumed: Config, run_dir: str) -> list[str]:

@@ -425,6 +425,11 @@ class DistributedConfig:
     nproc: int = doc("Processes: what `memfit train --nproc N` starts on this machine; under "
                      "another launcher (torchrun, accelerate) its WORLD_SIZE, recorded in the "
                      "run's config.yaml.", limits=(1, MAX_DEVICES), default=1)
+    sequence_parallel: int = doc(
+        "Processes sharing each sequence (Ulysses: each feeds the model 1/N of its tokens, "
+        "attention all-to-alls heads); must divide the processes and the model's attention "
+        "and key/value heads; with ddp, for Llama, Mistral and Qwen2/3 causal LMs.",
+        limits=(1, MAX_DEVICES), default=1)
 
 
 @dataclass(frozen=True)

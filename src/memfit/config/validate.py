@@ -30,6 +30,7 @@ from memfit.config.schema import (
     Precision,
     Task,
 )
+from memfit.config.sequence_parallel import check_sequence_parallel
 
 
 def validate(config: Config) -> None:
@@ -225,6 +226,7 @@ def _check_distributed(config: Config) -> None:
     if strategy is DistributedStrategy.NONE and nproc > 1:
         raise ConfigError(f"distributed.nproc={nproc} needs distributed.strategy=ddp "
                           "(every process holds the whole model) or fsdp (sharded)")
+    check_sequence_parallel(config)
 
 
 def _check_nonfinite(config: Config) -> None:

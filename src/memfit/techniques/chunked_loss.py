@@ -26,9 +26,17 @@ def loss_sum(hidden: torch.Tensor, labels: torch.Tensor, output_layer: nn.Module
              chunk_tokens: int) -> torch.Tensor:
     """Summed next-token cross-entropy. hidden: [batch, seq, hidden]; labels: [batch, seq],
     -100 where there is no target; position t predicts token t+1."""
-    targets = labels[:, 1:].reshape(-1)                         # [batch * (seq - 1)]
+    return targets_loss_sum(hidden[:, :-1], labels[:, 1:], output_layer, chunk_tokens)
+
+
+def targets_loss_sum(hidden: torch.Tensor, targets: torch.Tensor, output_layer: nn.Module,
+                     chunk_tokens: int) -> torch.Tensor:
+    """Summed cross-entropy of already shifted targets: hidden [batch, seq, hidden] at
+    position t predicts targets [batch, seq] at t (sequence parallelism shifts the whole
+    sequence before slicing it)."""
+    targets = targets.reshape(-1)                               # [batch * seq]
     keep = targets != IGNORE_INDEX
-    states = hidden[:, :-1].reshape(-1, hidden.size(-1))[keep]  # [tokens, hidden]
+    states = hidden.reshape(-1, hidden.size(-1))[keep]          # [tokens, hidden]
     targets = targets[keep]                                     # [tokens]
     # No labelled token: a zero that still backpropagates, as cross_entropy's would.
     total = states.sum().float() * 0.0
@@ -45,7 +53,7 @@ def _chunk_loss_sum(states: torch.Tensor, targets: torch.Tensor,
     return F.cross_entropy(logits, targets, reduction="sum")
 
 
-def _transformers_model(model: nn.Module) -> nn.Module:
+def transformers_model(model: nn.Module) -> nn.Module:
     """The transformers model inside a PEFT wrapper (adapters stay injected in it)."""
     get_base = getattr(model, "get_base_model", None)
     return get_base() if callable(get_base) else model
@@ -54,7 +62,7 @@ def _transformers_model(model: nn.Module) -> nn.Module:
 def check_supported(model: nn.Module) -> None:
     """The chunked path computes ``lm_head(decoder(x))``; models that transform logits
     further (soft-capping, scaling) would get a different loss, so they are refused."""
-    inner = _transformers_model(model)
+    inner = transformers_model(model)
     config = getattr(inner, "config", None)
     if not (callable(getattr(inner, "get_decoder", None))
             and callable(getattr(inner, "get_output_embeddings", None))
@@ -69,7 +77,7 @@ def check_supported(model: nn.Module) -> None:
 
 def causal_lm_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],
                        chunk_tokens: int) -> torch.Tensor:
-    inner = _transformers_model(model)
+    inner = transformers_model(model)
     inputs, labels = causal_lm_inputs(inner, batch)  # padded rows, or packed blocks
     outputs = inner.get_decoder()(**inputs)
     return loss_sum(outputs.last_hidden_state, labels, inner.get_output_embeddings(),

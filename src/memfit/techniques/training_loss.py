@@ -15,9 +15,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from memfit.config.schema import Config, Task
+from memfit.distributed import sequence_parallel
+from memfit.distributed.sequence_parallel import SequenceGroup
 from memfit.models.loss import (
     causal_lm_loss_sum,
     classification_logits,
@@ -45,6 +48,9 @@ class TrainingLoss:
     # "pixel_values" (a Hugging Face model's keyword) or "images" (forward(images)).
     image_input: str | None = None
     classes: int | None = None  # image-classification: the logits' width the data needs
+    # distributed.sequence_parallel > 1 (a training run's, set by its build): each rank
+    # computes the loss of its slice of every sequence; None: whole sequences.
+    sequence_group: SequenceGroup | None = None
 
     @classmethod
     def for_config(cls, config: Config, loss_function: LossFunction | None = None):
@@ -68,6 +74,27 @@ class TrainingLoss:
                                            self.image_input == "pixel_values", self.classes)
 
     def loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The micro-batch's loss sum; with sequence parallelism, of this rank's slice."""
+        if self.causal_lm and self.sequence_group is not None:
+            return self.slice_loss_sum(model, batch)
+        return self.whole_loss_sum(model, batch)
+
+    def slice_loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]
+                       ) -> torch.Tensor:
+        """Sequence parallelism: the summed cross-entropy of this rank's slice of every
+        sequence against its targets (shifted on the whole sequence), chunked or not."""
+        inputs, targets = sequence_parallel.shard_batch(batch, self.sequence_group)
+        if self.loss_chunk_tokens:
+            inner = chunked_loss.transformers_model(model)
+            hidden = inner.get_decoder()(**inputs).last_hidden_state  # [batch, L/N, hidden]
+            return chunked_loss.targets_loss_sum(hidden, targets, inner.get_output_embeddings(),
+                                                 self.loss_chunk_tokens)
+        logits = model(**inputs).logits  # [batch, L/N, vocab]; fp32 for the loss
+        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
+                               ignore_index=sequence_parallel.IGNORE_INDEX, reduction="sum")
+
+    def whole_loss_sum(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The loss sum of whole sequences (evaluation runs them whole on every rank)."""
         if self.causal_lm and self.loss_chunk_tokens:
             return chunked_loss.causal_lm_loss_sum(model, batch, self.loss_chunk_tokens)
         if self.causal_lm:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import random
 import sys
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,7 @@ from memfit._utils.errors import MemfitWarning
 from memfit.config.schema import AdapterKind, Config
 from memfit.data import Splits, build_datasets, collate
 from memfit.data.order import optimizer_steps
+from memfit.distributed import sequence_parallel
 from memfit.distributed.ddp import Replicas
 from memfit.models.classifier import class_labels, with_classes
 from memfit.models.export_module import exported_module
@@ -90,8 +91,13 @@ def seed_everything(seed: int) -> None:
 
 
 def examples_per_step(config: Config) -> int:
+    """Examples of one optimizer step over all ranks; a sequence group shares its own."""
     return (config.train.micro_batch_size * config.train.gradient_accumulation_steps
-            * distributed.world_size())
+            * _data_parallel_size(config))
+
+
+def _data_parallel_size(config: Config) -> int:
+    return sequence_parallel.data_parallel(config.distributed.sequence_parallel)[1]
 
 
 def total_optimizer_steps(config: Config, train_examples: int) -> int:
@@ -104,10 +110,11 @@ def warn_if_smaller_than_a_micro_batch(config: Config, train_examples: int,
                                        total_steps: int) -> None:
     """Say how a training split smaller than one micro-batch is drawn from, and how many
     passes over it the run makes."""
-    micro_batch = config.train.micro_batch_size * distributed.world_size()
+    groups = _data_parallel_size(config)
+    micro_batch = config.train.micro_batch_size * groups
     if train_examples >= micro_batch:
         return
-    processes = f" x {distributed.world_size()} processes" if distributed.world_size() > 1 else ""
+    processes = f" x {groups} processes" if groups > 1 else ""
     passes = total_steps * examples_per_step(config) / train_examples
     warnings.warn(
         f"data: the training split has {train_examples} examples, fewer than one micro-batch "
@@ -148,6 +155,17 @@ def place_and_optimize(model: nn.Module, config: Config, is_transformers: bool,
     return model, registry.apply_stage("optimizer", build_optimizer(model, config), setting)
 
 
+def split_sequences(model: nn.Module, config: Config
+                    ) -> sequence_parallel.SequenceGroup | None:
+    """distributed.sequence_parallel > 1: the model's attention all-to-alls heads (a model
+    it cannot split is refused) and this rank's sequence group; None otherwise."""
+    size = config.distributed.sequence_parallel
+    if size == 1:
+        return None
+    sequence_parallel.use_sequence_parallel_attention(model, size)
+    return sequence_parallel.new_group(size)
+
+
 def build_run(config: Config) -> Run:
     check_max_length(config)
     seed_everything(config.train.seed)
@@ -163,6 +181,7 @@ def build_run(config: Config) -> Run:
                 if config.adapter.kind is not AdapterKind.NONE else None)
     if adapters is not None and distributed.is_main():  # the same on every rank
         print(f"memfit: {adapters.to_text()}", file=sys.stderr)
+    sequence_group = split_sequences(model, config)
     device = distributed.device()
     model, optimizer = place_and_optimize(model, config, loaded.is_transformers, device)
     replicas = strategy_for(config).replicas(model, optimizer, config, device)
@@ -174,7 +193,8 @@ def build_run(config: Config) -> Run:
     return Run(
         config=config, model=model, tokenizer=loaded.tokenizer,
         is_transformers=loaded.is_transformers, splits=splits,
-        objective=Objective.for_config(config, loaded.loss_function),
+        objective=replace(Objective.for_config(config, loaded.loss_function),
+                          sequence_group=sequence_group),
         optimizer=optimizer, scheduler=scheduler,
         scaler=grad_scaler(config.precision, device), device=device, total_steps=total_steps,
         adapter_map=adapters, replicas=replicas,

@@ -46,6 +46,7 @@ from memfit.checkpoint import TrainerState, save_checkpoint
 from memfit.config import to_yaml
 from memfit.config.schema import AdapterKind, OomRung
 from memfit.data import count_positions
+from memfit.distributed import sequence_parallel
 from memfit.monitor.memory import MemoryMeter, StepMemory
 from memfit.monitor.metrics import MetricsLogger
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer
@@ -152,14 +153,15 @@ def _host_bytes(run: Run) -> dict[str, int]:
     return found
 
 
-def _input_tokens(micro_batches: list[dict[str, torch.Tensor]], seconds: float
-                  ) -> dict[str, int | float]:
+def _input_tokens(micro_batches: list[dict[str, torch.Tensor]], seconds: float,
+                  copies: int = 1) -> dict[str, int | float]:
     """The tokens a step fed the model (``tokens``: prompts too, padding not, over all
     ranks; what other tools' tokens per second count), their rate, and the share of the
-    (batch x longest) positions that were padding; {} without tokens."""
+    (batch x longest) positions that were padding; {} without tokens. ``copies``: how many
+    ranks hold each micro-batch (distributed.sequence_parallel)."""
     counts = [count_positions(batch) for batch in micro_batches]
-    tokens = distributed.all_reduce_sum(sum(tokens for tokens, _ in counts))
-    positions = distributed.all_reduce_sum(sum(positions for _, positions in counts))
+    tokens = distributed.all_reduce_sum(sum(tokens for tokens, _ in counts)) // copies
+    positions = distributed.all_reduce_sum(sum(positions for _, positions in counts)) // copies
     if not positions:
         return {}
     return {"tokens": tokens, "tokens_per_second": tokens / seconds,
@@ -220,9 +222,12 @@ def train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLog
 def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLogger,
                  meter: MemoryMeter, on_step: Callable[[dict], None],
                  requests: StopRequests) -> LoopResult:
+    # The ranks of a sequence group (distributed.sequence_parallel) draw the same examples.
+    data_rank, data_world = sequence_parallel.data_parallel(
+        run.config.distributed.sequence_parallel)
     stream = BatchStream(run.splits.train, run.config.train.micro_batch_size,
                          run.config.train.seed, run.collate, consumed=state.consumed,
-                         rank=distributed.rank(), world_size=distributed.world_size())
+                         rank=data_rank, world_size=data_world)
     result = LoopResult(state)
     # The checkpoint this segment started from (a resume may have skipped damaged newer ones).
     started_from = run_dir / "checkpoints" / f"step-{state.step}"
@@ -248,7 +253,7 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
             micro_batches = [stream.next_batch()
                              for _ in range(run.config.train.gradient_accumulation_steps)]
             items = distributed.all_reduce_sum(
-                sum(run.objective.count(batch) for batch in micro_batches))
+                sum(run.objective.step_count(batch) for batch in micro_batches))
             lr = run.optimizer.param_groups[0]["lr"]
             try:
                 with meter.step(step, micro_batches):
@@ -280,7 +285,8 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
             result.losses[step] = step_loss
         item = run.objective.item_name  # loss_tokens, or examples
         record = {"step": step, "loss": step_loss, "lr": lr, "grad_norm": grad_norm,
-                  **_input_tokens(micro_batches, seconds), item: items,
+                  **_input_tokens(micro_batches, seconds,
+                                  run.config.distributed.sequence_parallel), item: items,
                   f"{item}_per_second": items / seconds, "step_seconds": seconds,
                   "epoch": stream.epoch}
         state.input_tokens += record.get("tokens", 0)

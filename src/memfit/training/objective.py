@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from memfit.data import count_loss_tokens
+from memfit.distributed import sequence_parallel
 from memfit.models.loss import classification_loss_sum
 from memfit.techniques.training_loss import TrainingLoss, example_count
 from memfit.training.class_metrics import accuracy, confusion, macro_f1
@@ -32,6 +33,13 @@ class Objective(TrainingLoss):
     def count(self, batch: dict[str, torch.Tensor]) -> int:
         return count_loss_tokens(batch) if self.causal_lm else example_count(batch)
 
+    def step_count(self, batch: dict[str, torch.Tensor]) -> int:
+        """The items ``loss_sum`` counts in a training micro-batch: with sequence
+        parallelism, this rank's slice's targets (summed over ranks: every token once)."""
+        if self.causal_lm and self.sequence_group is not None:
+            return sequence_parallel.target_count(batch, self.sequence_group)
+        return self.count(batch)
+
     def eval_sums(self, model: nn.Module, batch: dict[str, torch.Tensor]
                   ) -> dict[str, torch.Tensor]:
         """Sums over the micro-batch for evaluation, which the caller adds up over the eval
@@ -42,7 +50,7 @@ class Objective(TrainingLoss):
             return {"loss": classification_loss_sum(logits, batch["labels"]),
                     "confusion": confusion(batch["labels"], logits)}
         if not self.reconstruction_loss:
-            return {"loss": self.loss_sum(model, batch)}
+            return {"loss": self.whole_loss_sum(model, batch)}
         loss, reconstruction, target = self.reconstruct(model, batch)
         return {"loss": loss, "psnr": psnr(reconstruction, target).sum(),
                 "ssim": ssim(reconstruction, target).sum()}

@@ -1,0 +1,153 @@
+"""Sequence parallelism (distributed.sequence_parallel, Ulysses all-to-all attention) on
+2 gloo processes, fp32, the tiny Llama (4 heads, 2 key/value heads):
+
+- the all-to-all attention of each rank's slice equals SDPA on the whole sequence, output
+  and q/k/v gradients (sequence_attention.py), causal and with padding;
+- training 2 processes that share every sequence (sequence_parallel=2, ddp) gives the
+  losses of one process training the same sequences, for LoRA and full-parameter AdamW
+  with gradient checkpointing, chunked loss and the tiled MLP, and on packed blocks;
+- a checkpoint resumes across a change of sequence_parallel (1 -> 2 and 2 -> 1);
+- bad values are one-line refusals naming the valid ones.
+
+The 2-process work runs in ONE torchrun job (ddp_jobs.py); the 1-process runs in this
+process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+from dist_helpers import interrupted_copy, on_two_processes, run_config, write_text_rows
+from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
+
+from memfit._utils.errors import ConfigError
+from memfit.distributed.sequence_parallel import use_sequence_parallel_attention
+from memfit.models.presets import tiny_llama
+from memfit.monitor.metrics import losses_by_step, read_metrics
+from memfit.techniques.config_checks import load_config
+from memfit.training.api import train
+
+STEPS = 3
+TECHNIQUES = {"gradient_checkpointing": True, "chunked_loss": True, "loss_chunk_tokens": 16,
+              "tiled_mlp": True, "mlp_chunk_tokens": 8}
+CASES = {
+    "lora": {"adapter": {"kind": "lora", "rank": 4}, "memory": TECHNIQUES},
+    "full": {"optimizer": {"name": "adamw", "lr": 1e-3}, "memory": TECHNIQUES},
+    # Rows packed into blocks, position ids restarting at each row (a block-diagonal mask).
+    "packed": {"adapter": {"kind": "lora", "rank": 4},
+               "data": {"format": "instruction", "pack": True}},
+}
+
+
+def _write_instruction_rows(path: Path, rows: int = 40) -> Path:
+    """Prompt/response rows of different lengths (the prompt is masked out of the loss)."""
+    words = ["north", "amber", "quartz", "meadow", "signal", "harbor", "linen", "cedar"]
+    with path.open("w") as handle:
+        for index in range(rows):
+            prompt = " ".join(words[(index + k) % len(words)] for k in range(1 + index % 3))
+            response = " ".join(words[(index * 5 + k) % len(words)] for k in range(1 + index % 4))
+            handle.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
+    return path
+
+
+def _config(root: Path, name: str, data: Path, case: str, sequence_parallel: int) -> Path:
+    sections = {key: value for key, value in CASES[case].items() if key != "data"}
+    distributed = ({"strategy": "ddp", "sequence_parallel": sequence_parallel}
+                   if sequence_parallel > 1 else {"strategy": "none"})
+    path = run_config(root, name, data, **sections, distributed=distributed, train={
+        "max_steps": STEPS, "micro_batch_size": 3, "gradient_accumulation_steps": 2,
+        "save_every": 1 if case == "lora" else STEPS, "eval_every": 0})
+    mapping = yaml.safe_load(path.read_text())  # run_config's `data` is the data file
+    mapping["data"].update(max_length=48, **CASES[case].get("data", {}))
+    path.write_text(yaml.safe_dump(mapping))
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("sequence-parallel")
+    text = write_text_rows(root / "rows.jsonl")
+    instructions = _write_instruction_rows(root / "instructions.jsonl")
+    jobs: list[dict] = [{"sequence_attention": True}]
+    for case in CASES:
+        data = instructions if case == "packed" else text
+        train(_config(root, f"{case}-single", data, case, 1))
+        jobs.append({"train": str(_config(root, f"{case}-sp2", data, case, 2))})
+    # A checkpoint of one process resumes on 2 sharing its sequences...
+    copy, config = _resumed_copy(root, "lora-single", 2)
+    jobs.append({"train": str(config), "resume": str(copy)})
+    (root / "jobs.json").write_text(json.dumps(jobs))
+    job = on_two_processes("ddp_jobs.py", str(root / "jobs.json"), cwd=root)
+    assert job.returncode == 0, job.stderr[-4000:]
+    # ... and one of 2 sharing sequences resumes on one process.
+    copy, config = _resumed_copy(root, "lora-sp2", 1)
+    train(config, resume=copy)
+    return root
+
+
+def _resumed_copy(root: Path, run: str, sequence_parallel: int) -> tuple[Path, Path]:
+    """``run`` stopped before its last checkpoint, and the config resuming it on
+    ``sequence_parallel`` processes that share every sequence (the same global batch)."""
+    copy, config = interrupted_copy(root, run, sequence_parallel, STEPS, global_batch=6)
+    mapping = yaml.safe_load(config.read_text())
+    mapping["train"]["micro_batch_size"] = 3  # the sequence group draws them together
+    mapping["distributed"].update(strategy="ddp" if sequence_parallel > 1 else "none",
+                                  sequence_parallel=sequence_parallel)
+    config.write_text(yaml.safe_dump(mapping))
+    return copy, config
+
+
+def test_all_to_all_attention_equals_whole_sequence_sdpa(runs: Path) -> None:
+    # The job's first entry raises (and the fixture fails) on any difference.
+    assert (runs / "jobs.json").is_file()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_two_processes_sharing_sequences_train_as_one(runs: Path, case: str) -> None:
+    single = losses_by_step(read_metrics(runs / f"{case}-single"))
+    split = losses_by_step(read_metrics(runs / f"{case}-sp2"))
+    assert sorted(single) == sorted(split) == list(range(1, STEPS + 1))
+    assert split == pytest.approx(single, rel=1e-5)
+    summary = json.loads((runs / f"{case}-sp2" / "summary.json").read_text())
+    assert summary  # the run completed and exported
+
+
+@pytest.mark.parametrize(("run", "processes"), [("lora-single", 2), ("lora-sp2", 1)])
+def test_resume_across_a_change_of_sequence_parallel(runs: Path, run: str,
+                                                     processes: int) -> None:
+    uninterrupted = losses_by_step(read_metrics(runs / "lora-single"))
+    resumed = losses_by_step(read_metrics(runs / f"{run}-resumed-on-{processes}"))
+    assert list(resumed) == [STEPS]
+    assert resumed[STEPS] == pytest.approx(uninterrupted[STEPS], rel=1e-5)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["distributed.strategy=fsdp", "distributed.nproc=2"],
+     "distributed.sequence_parallel=2 works with distributed.strategy=ddp only"),
+    (["distributed.strategy=ddp", "distributed.nproc=6", "distributed.sequence_parallel=4"],
+     "distributed.sequence_parallel=4 must divide distributed.nproc=6; valid: 1, 2, 3, 6"),
+    (["distributed.strategy=ddp", "distributed.nproc=2", "data.max_length=1"],
+     "more than data.max_length=1 tokens"),
+    (["distributed.strategy=ddp", "distributed.nproc=2", "model.preset=null",
+      "model.factory=my_models:build"], "a model.factory model cannot be split"),
+])
+def test_bad_values_are_one_line_refusals(tmp_path: Path, overrides: list[str],
+                                          message: str) -> None:
+    data = write_text_rows(tmp_path / "rows.jsonl", rows=4)
+    config = run_config(tmp_path, "refused", data)
+    with pytest.raises(ConfigError, match="distributed.sequence_parallel") as error:
+        load_config(config, ["distributed.sequence_parallel=2", *overrides])
+    assert message in str(error.value) and "\n" not in str(error.value)
+
+
+def test_heads_and_architecture_refusals() -> None:
+    llama = LlamaForCausalLM(tiny_llama())
+    with pytest.raises(ConfigError, match=r"must divide the model's 4 attention heads and 2 "
+                                          r"key/value heads; valid: 1, 2$"):
+        use_sequence_parallel_attention(llama, 4)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
+    with pytest.raises(ConfigError, match="rotary attention .* this model is gpt2"):
+        use_sequence_parallel_attention(gpt2, 2)
