@@ -428,7 +428,7 @@ class DistributedConfig:
     sequence_parallel: int = doc(
         "Processes sharing each sequence (Ulysses: each feeds the model 1/N of its tokens, "
         "attention all-to-alls heads); must divide the processes and the model's attention "
-        "and key/value heads; with ddp, for Llama, Mistral and Qwen2/3 causal LMs.",
+        "and key/value heads; with ddp or fsdp, for Llama, Mistral and Qwen2/3 causal LMs.",
         limits=(1, MAX_DEVICES), default=1)
 
 

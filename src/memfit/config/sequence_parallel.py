@@ -13,10 +13,9 @@ def check_sequence_parallel(config: Config) -> None:
         return
     key = f"distributed.sequence_parallel={size}"
     strategy, nproc = config.distributed.strategy, config.distributed.nproc
-    if strategy is not DistributedStrategy.DDP:
-        # FSDP2 would need a 2-D mesh (sequence groups within, sharding across): not built.
-        raise ConfigError(f"{key} works with distributed.strategy=ddp only (every process "
-                          f"holds the whole model); got {strategy.value}")
+    if strategy is DistributedStrategy.NONE:
+        raise ConfigError(f"{key} needs distributed.strategy=ddp (every process holds the "
+                          f"whole model) or fsdp (sharded over all processes)")
     if nproc > 1 and nproc % size:  # nproc 1: a launcher's WORLD_SIZE, checked at start
         valid = [n for n in range(1, nproc + 1) if nproc % n == 0]
         raise ConfigError(f"{key} must divide distributed.nproc={nproc}; valid: "
