@@ -4,7 +4,7 @@ torch and transformers instead of paying it per case.
 
     {"train": CONFIG.yaml}                          memfit.train(CONFIG)
     {"train": CONFIG.yaml, "resume": RUN}           memfit.train(CONFIG, resume=RUN)
-    {"sequence_attention": true}                    sequence_attention.check_attention
+    {"sequence_attention": N}                       sequence_attention.check_attention
     {"state": CONFIG.yaml, "steps": 3, "out": DIR}
         3 optimizer steps of the real training step; each rank then writes what it holds
         to DIR/rank-R.safetensors: its trainable weights (``weight/NAME``; its rows when
@@ -125,8 +125,8 @@ def main(jobs_file: str) -> None:
         if "train" in job:
             train(job["train"], resume=job.get("resume"))
         elif "sequence_attention" in job:
-            check_attention(padded=False)
-            check_attention(padded=True)
+            check_attention(padded=False, size=job["sequence_attention"])
+            check_attention(padded=True, size=job["sequence_attention"])
             dist.destroy_process_group()
         else:
             write_state(job["state"], job["steps"], Path(job["out"]))

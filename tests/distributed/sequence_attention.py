@@ -1,7 +1,7 @@
 """The all-to-all attention of distributed.sequence_parallel against plain SDPA on the
-whole sequence, run inside a torchrun job (ddp_jobs.py, job ``{"sequence_attention":
-true}``): every rank feeds its slice of the same random q/k/v and checks its slice of
-the output and of the q/k/v gradients."""
+whole sequence, run inside a torchrun job (ddp_jobs.py, job ``{"sequence_attention": N}``,
+N processes to a sequence group): every rank feeds its slice of the same random q/k/v
+and checks its slice of the output and of the q/k/v gradients."""
 
 from __future__ import annotations
 
@@ -9,11 +9,10 @@ import torch
 from torch import nn
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from memfit import distributed
 from memfit.distributed import sequence_parallel
 from memfit.distributed.sequence_parallel import SequenceContext
 
-BATCH, HEADS, KV_HEADS, TOKENS, HEAD_DIM = 2, 4, 2, 12, 8
+BATCH, HEADS, KV_HEADS, TOKENS, HEAD_DIM = 2, 8, 4, 12, 8  # groups of 1, 2 or 4
 
 
 class _Attention(nn.Module):
@@ -31,9 +30,10 @@ def _whole_inputs() -> tuple[torch.Tensor, ...]:
                  for shape in shapes)
 
 
-def check_attention(padded: bool) -> None:
-    """Output and gradients of every rank's slice equal one process's to 1e-12 (float64),
-    with plain causal masking or with the second row's last 5 tokens padding."""
+def check_attention(padded: bool, size: int) -> None:
+    """Output and gradients of every rank's slice, in sequence groups of ``size``
+    processes, equal one process's to 1e-12 (float64), with plain causal masking or with
+    the second row's last 5 tokens padding."""
     module = _Attention()
     query, key, value, weights = _whole_inputs()
     mask = None
@@ -46,7 +46,6 @@ def check_attention(padded: bool) -> None:
     expected, _ = sdpa_attention_forward(module, *whole, mask)  # [batch, tokens, heads, dim]
     (expected * weights).sum().backward()
 
-    size = distributed.world_size()
     sequence = sequence_parallel.new_group(size)
     local = TOKENS // size
     part = slice(sequence.index * local, (sequence.index + 1) * local)

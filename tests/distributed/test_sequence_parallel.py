@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 from dist_helpers import interrupted_copy, on_two_processes, run_config, write_text_rows
+from sequence_cases import CASES, STEPS, case_config, write_instruction_rows
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
 
 from memfit._utils.errors import ConfigError
@@ -31,58 +32,18 @@ from memfit.monitor.metrics import losses_by_step, read_metrics
 from memfit.techniques.config_checks import load_config
 from memfit.training.api import train
 
-STEPS = 3
-TECHNIQUES = {"gradient_checkpointing": True, "chunked_loss": True, "loss_chunk_tokens": 16,
-              "tiled_mlp": True, "mlp_chunk_tokens": 8}
-SHARDED_TECHNIQUES = {**TECHNIQUES, "chunked_loss": False}
-CASES = {
-    "lora": {"adapter": {"kind": "lora", "rank": 4}, "memory": TECHNIQUES},
-    "full": {"optimizer": {"name": "adamw", "lr": 1e-3}, "memory": TECHNIQUES},
-    # FSDP2 over all processes; without chunked loss, which FSDP2 runs do not support yet.
-    "lora-fsdp": {"adapter": {"kind": "lora", "rank": 4}, "memory": SHARDED_TECHNIQUES},
-    "full-fsdp": {"optimizer": {"name": "adamw", "lr": 1e-3}, "memory": SHARDED_TECHNIQUES},
-    # Rows packed into blocks, position ids restarting at each row (a block-diagonal mask).
-    "packed": {"adapter": {"kind": "lora", "rank": 4},
-               "data": {"format": "instruction", "pack": True}},
-}
-
-
-def _write_instruction_rows(path: Path, rows: int = 40) -> Path:
-    """Prompt/response rows of different lengths (the prompt is masked out of the loss)."""
-    words = ["north", "amber", "quartz", "meadow", "signal", "harbor", "linen", "cedar"]
-    with path.open("w") as handle:
-        for index in range(rows):
-            prompt = " ".join(words[(index + k) % len(words)] for k in range(1 + index % 3))
-            response = " ".join(words[(index * 5 + k) % len(words)] for k in range(1 + index % 4))
-            handle.write(json.dumps({"prompt": prompt, "response": response}) + "\n")
-    return path
-
-
-def _config(root: Path, name: str, data: Path, case: str, sequence_parallel: int) -> Path:
-    sections = {key: value for key, value in CASES[case].items() if key != "data"}
-    strategy = "fsdp" if case.endswith("-fsdp") else "ddp"
-    distributed = ({"strategy": strategy, "sequence_parallel": sequence_parallel}
-                   if sequence_parallel > 1 else {"strategy": "none"})
-    path = run_config(root, name, data, **sections, distributed=distributed, train={
-        "max_steps": STEPS, "micro_batch_size": 3, "gradient_accumulation_steps": 2,
-        "save_every": 1 if case == "lora" else STEPS, "eval_every": 0})
-    mapping = yaml.safe_load(path.read_text())  # run_config's `data` is the data file
-    mapping["data"].update(max_length=48, **CASES[case].get("data", {}))
-    path.write_text(yaml.safe_dump(mapping))
-    return path
-
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("sequence-parallel")
     text = write_text_rows(root / "rows.jsonl")
-    instructions = _write_instruction_rows(root / "instructions.jsonl")
-    jobs: list[dict] = [{"sequence_attention": True}]
+    instructions = write_instruction_rows(root / "instructions.jsonl")
+    jobs: list[dict] = [{"sequence_attention": 2}]
     for case in CASES:
         data = instructions if case == "packed" else text
         if not case.endswith("-fsdp"):  # compared with the unsharded case's single run
-            train(_config(root, f"{case}-single", data, case, 1))
-        jobs.append({"train": str(_config(root, f"{case}-sp2", data, case, 2))})
+            train(case_config(root, f"{case}-single", data, case, 1))
+        jobs.append({"train": str(case_config(root, f"{case}-sp2", data, case, 2))})
     # A checkpoint of one process resumes on 2 sharing its sequences...
     copy, config = _resumed_copy(root, "lora-single", 2)
     jobs.append({"train": str(config), "resume": str(copy)})
