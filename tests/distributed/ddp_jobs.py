@@ -5,6 +5,7 @@ torch and transformers instead of paying it per case.
     {"train": CONFIG.yaml}                          memfit.train(CONFIG)
     {"train": CONFIG.yaml, "resume": RUN}           memfit.train(CONFIG, resume=RUN)
     {"sequence_attention": N}                       sequence_attention.check_attention
+    {"activations": CONFIG.yaml, "out": PREFIX}     PREFIX-R.json: activation_bytes(CONFIG)
     {"state": CONFIG.yaml, "steps": 3, "out": DIR}
         3 optimizer steps of the real training step; each rank then writes what it holds
         to DIR/rank-R.safetensors: its trainable weights (``weight/NAME``; its rows when
@@ -32,6 +33,7 @@ from torch.distributed.tensor import DTensor
 from memfit import distributed
 from memfit.config import Config
 from memfit.config.load import read_yaml
+from memfit.distributed import sequence_parallel
 from memfit.monitor.tensor_tracker import TensorTracker
 from memfit.techniques.config_checks import from_mapping
 from memfit.techniques.quantize import is_quantized_layer
@@ -108,6 +110,31 @@ def write_state(config_path: str, steps: int, out: Path) -> None:
     save_file(state, out / f"rank-{rank}.safetensors")
 
 
+def activation_bytes(config_path: str) -> int:
+    """The activation bytes (tensors saved for backward, the tensor tracker's) one forward
+    of this rank's first micro-batch leaves alive: with sequence parallelism, of its slice
+    of the sequences its group shares."""
+    config = distributed.setup(from_mapping(read_yaml(config_path)))
+    try:
+        run = build_run(config)
+        data_rank, data_world = sequence_parallel.data_parallel(
+            config.distributed.sequence_parallel)
+        batch = BatchStream(run.splits.train, config.train.micro_batch_size,
+                            config.train.seed, run.collate, rank=data_rank,
+                            world_size=data_world).next_batch()
+        tracker = TensorTracker()
+        tracker.attach(model=run.model)
+        with tracker:
+            loss = run.objective.loss_sum(run.model, batch)
+            held = tracker.live_by_category()["activations"]
+        del loss
+        if run.replicas is not None:
+            run.replicas.close()
+        return held
+    finally:
+        distributed.teardown()
+
+
 def join_group_for(job: int) -> None:
     """A process group of its own for each job (memfit.train destroys its group when it
     returns): keys under a fresh prefix of torchrun's store, so no job reads the
@@ -124,6 +151,9 @@ def main(jobs_file: str) -> None:
         join_group_for(index)
         if "train" in job:
             train(job["train"], resume=job.get("resume"))
+        elif "activations" in job:
+            held = activation_bytes(job["activations"])
+            Path(f"{job['out']}-{os.environ['RANK']}.json").write_text(json.dumps(held))
         elif "sequence_attention" in job:
             check_attention(padded=False, size=job["sequence_attention"])
             check_attention(padded=True, size=job["sequence_attention"])

@@ -7,6 +7,7 @@
   losses of one process training the same sequences, for LoRA and full-parameter AdamW
   with gradient checkpointing, chunked loss and the tiled MLP, and on packed blocks; so
   does FSDP2 sharding over both processes (LoRA and full AdamW, checkpointing, tiled MLP);
+- each process holds about half of one process's activation bytes;
 - a checkpoint resumes across a change of sequence_parallel (1 -> 2 and 2 -> 1);
 - bad values are one-line refusals naming the valid ones.
 
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from ddp_jobs import activation_bytes
 from dist_helpers import interrupted_copy, on_two_processes, run_config, write_text_rows
 from sequence_cases import CASES, STEPS, case_config, write_instruction_rows
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
@@ -44,6 +46,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
         if not case.endswith("-fsdp"):  # compared with the unsharded case's single run
             train(case_config(root, f"{case}-single", data, case, 1))
         jobs.append({"train": str(case_config(root, f"{case}-sp2", data, case, 2))})
+    # What one forward leaves saved for backward, on one process and on each of 2.
+    (root / "activations-single-0.json").write_text(
+        json.dumps(activation_bytes(str(root / "packed-single.yaml"))))
+    jobs.append({"activations": str(root / "packed-sp2.yaml"),
+                 "out": str(root / "activations-sp2")})
     # A checkpoint of one process resumes on 2 sharing its sequences...
     copy, config = _resumed_copy(root, "lora-single", 2)
     jobs.append({"train": str(config), "resume": str(copy)})
@@ -83,6 +90,21 @@ def test_two_processes_sharing_sequences_train_as_one(runs: Path, case: str) -> 
     assert split == pytest.approx(single, rel=1e-5)
     summary = json.loads((runs / f"{case}-sp2" / "summary.json").read_text())
     assert summary  # the run completed and exported
+
+
+@pytest.mark.slow
+def test_each_process_holds_about_half_the_activations(runs: Path) -> None:
+    """What one forward of a micro-batch leaves saved for backward (the tensor tracker's
+    activations; the packed LoRA case: no checkpointing): each of the 2 processes holds
+    about half of one process's (measured: 0.53; what does not shrink with N includes
+    the whole sequences' attention mask, (batch, 1, L, L), and the micro-batch's
+    tokens, which every rank of a group holds)."""
+    single = json.loads((runs / "activations-single-0.json").read_text())
+    for rank in (0, 1):
+        split = json.loads((runs / f"activations-sp2-{rank}.json").read_text())
+        print(f"rank {rank}: {split:,} of one process's {single:,} activation bytes "
+              f"({split / single:.3f})")
+        assert 0.45 * single <= split <= 0.55 * single
 
 
 @pytest.mark.slow
