@@ -25,7 +25,13 @@ import yaml
 from ddp_jobs import activation_bytes
 from dist_helpers import interrupted_copy, on_two_processes, run_config, write_text_rows
 from sequence_cases import CASES, STEPS, case_config, write_instruction_rows
-from transformers import GPT2Config, GPT2LMHeadModel, LlamaForCausalLM
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+)
 
 from memfit._utils.errors import ConfigError
 from memfit.distributed.sequence_parallel import use_sequence_parallel_attention
@@ -139,7 +145,14 @@ def test_heads_and_architecture_refusals() -> None:
     llama = LlamaForCausalLM(tiny_llama())
     with pytest.raises(ConfigError, match=r"must divide the model's 4 attention heads and 2 "
                                           r"key/value heads; valid: 1, 2$"):
-        use_sequence_parallel_attention(llama, 4)
+        use_sequence_parallel_attention(llama, 4, max_length=48)
     gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=32))
     with pytest.raises(ConfigError, match="rotary attention .* this model is gpt2"):
-        use_sequence_parallel_attention(gpt2, 2)
+        use_sequence_parallel_attention(gpt2, 2, max_length=48)
+    mistral = MistralForCausalLM(MistralConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=2, vocab_size=32, sliding_window=16))
+    with pytest.raises(ConfigError, match="sliding window of 16 tokens.*max_length <= 16$"):
+        use_sequence_parallel_attention(mistral, 2, max_length=48)
+    use_sequence_parallel_attention(mistral, 2, max_length=16)  # the window never slides
+    assert mistral.config._attn_implementation == "memfit_sequence_parallel"

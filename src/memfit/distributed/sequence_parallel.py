@@ -164,9 +164,12 @@ def _transformers_model(model: nn.Module) -> nn.Module:
     return get_base() if callable(get_base) else model
 
 
-def use_sequence_parallel_attention(model: nn.Module, sequence_parallel: int) -> None:
+def use_sequence_parallel_attention(model: nn.Module, sequence_parallel: int,
+                                    max_length: int) -> None:
     """Switch a supported causal LM (or a PEFT wrapper of one) to ``ATTENTION``; a model
-    it cannot split, or whose heads ``sequence_parallel`` does not divide, is refused."""
+    it cannot split, whose heads ``sequence_parallel`` does not divide, or whose sliding
+    window is shorter than ``max_length`` (the whole-sequence mask is plain causal) is
+    refused."""
     config = getattr(_transformers_model(model), "config", None)
     model_type = getattr(config, "model_type", None)
     setting = f"distributed.sequence_parallel={sequence_parallel}"
@@ -180,6 +183,13 @@ def use_sequence_parallel_attention(model: nn.Module, sequence_parallel: int) ->
         valid = [n for n in range(1, kv_heads + 1) if heads % n == 0 and kv_heads % n == 0]
         raise ConfigError(f"{setting} must divide the model's {heads} attention heads and "
                           f"{kv_heads} key/value heads; valid: {', '.join(map(str, valid))}")
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None) or []
+    sliding = window is not None and ("sliding_attention" in layer_types or not layer_types)
+    if sliding and window < max_length:
+        raise ConfigError(f"{setting}: this model's attention has a sliding window of "
+                          f"{window} tokens, which sequence parallelism does not apply; "
+                          f"valid: data.max_length <= {window}")
     register_attention()
     _transformers_model(model).set_attn_implementation(ATTENTION)
 

@@ -162,7 +162,7 @@ def split_sequences(model: nn.Module, config: Config
     size = config.distributed.sequence_parallel
     if size == 1:
         return None
-    sequence_parallel.use_sequence_parallel_attention(model, size)
+    sequence_parallel.use_sequence_parallel_attention(model, size, config.data.max_length)
     return sequence_parallel.new_group(size)
 
 
