@@ -161,7 +161,7 @@ def test_memory_auto_on_two_processes_trains_one_plan_for_two_devices(tmp_path: 
     strategy = choice["strategy"].partition(":")[0]
     assert strategy in ("ddp", "fsdp") and choice["overrides"]["distributed.nproc"] == 2
     resolved = yaml.safe_load((tmp_path / "auto" / "config.yaml").read_text())
-    assert resolved["distributed"] == {"strategy": strategy, "nproc": 2}
+    assert resolved["distributed"] == {"strategy": strategy, "nproc": 2, "sequence_parallel": 1}
     steps = [record["step"] for record in read_metrics(tmp_path / "auto") if "loss" in record]
     assert steps == [1, 2]  # within the budget each rank's tracker enforced
 
