@@ -25,12 +25,15 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Full fine-tuning with accumulation and clipping: one process with micro-batch 4,
-    and 2 processes with micro-batch 2 each (the same 8 examples per step)."""
+    and 2 processes with micro-batch 2 each (the same 8 examples per step) and the chunked
+    loss (run as the root unit's forward method: called around it, the decoder found the
+    root's embeddings sharded)."""
     root = tmp_path_factory.mktemp("fsdp")
     data = write_text_rows(root / "rows.jsonl")
     train(run_config(root, "single", data, train={"micro_batch_size": 4}))
     sharded = memfit("train", str(run_config(root, "sharded", data,
                                              train={"micro_batch_size": 2},
+                                             memory={"chunked_loss": True},
                                              distributed={"strategy": "fsdp"})),
                      "--nproc", "2", cwd=root)
     assert sharded.returncode == 0, sharded.stderr

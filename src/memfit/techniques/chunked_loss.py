@@ -11,10 +11,15 @@ The result is the same summed loss and the same gradients as the unchunked compu
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
 from memfit._utils.errors import ConfigError
 from memfit.models.packed import causal_lm_inputs
@@ -75,8 +80,36 @@ def check_supported(model: nn.Module) -> None:
                               f"{attribute} set; set memory.chunked_loss=false")
 
 
+# The name under which an FSDP2 root runs a loss as a forward method.
+_FSDP_FORWARD = "memfit_loss_sum"
+
+
+def through_root(model: nn.Module, loss: Callable[..., torch.Tensor], *args: Any
+                 ) -> torch.Tensor:
+    """``loss(model, *args)``; under FSDP2 as a forward method of the root unit: the
+    chunked loss calls the decoder and the output layer around the root's forward, so
+    without it the weights the root holds (embeddings, final norm, output layer) stay
+    sharded and their gradients unreduced; the root's hooks gather them and register
+    the reduce-scatter."""
+    if not isinstance(model, FSDPModule):
+        return loss(model, *args)
+    if _FSDP_FORWARD not in vars(model):
+        setattr(model, _FSDP_FORWARD, functools.partial(_call, model))
+        register_fsdp_forward_method(model, _FSDP_FORWARD)
+    return getattr(model, _FSDP_FORWARD)(loss, *args)
+
+
+def _call(model: nn.Module, loss: Callable[..., torch.Tensor], *args: Any) -> torch.Tensor:
+    return loss(model, *args)
+
+
 def causal_lm_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],
                        chunk_tokens: int) -> torch.Tensor:
+    return through_root(model, _causal_lm_loss_sum, batch, chunk_tokens)
+
+
+def _causal_lm_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],
+                        chunk_tokens: int) -> torch.Tensor:
     inner = transformers_model(model)
     inputs, labels = causal_lm_inputs(inner, batch)  # padded rows, or packed blocks
     outputs = inner.get_decoder()(**inputs)

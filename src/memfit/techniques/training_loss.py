@@ -85,10 +85,8 @@ class TrainingLoss:
         sequence against its targets (shifted on the whole sequence), chunked or not."""
         inputs, targets = sequence_parallel.shard_batch(batch, self.sequence_group)
         if self.loss_chunk_tokens:
-            inner = chunked_loss.transformers_model(model)
-            hidden = inner.get_decoder()(**inputs).last_hidden_state  # [batch, L/N, hidden]
-            return chunked_loss.targets_loss_sum(hidden, targets, inner.get_output_embeddings(),
-                                                 self.loss_chunk_tokens)
+            return chunked_loss.through_root(model, _slice_chunked_loss_sum, inputs, targets,
+                                             self.loss_chunk_tokens)
         logits = model(**inputs).logits  # [batch, L/N, vocab]; fp32 for the loss
         return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
                                ignore_index=sequence_parallel.IGNORE_INDEX, reduction="sum")
@@ -133,3 +131,12 @@ def module_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],
 
 def example_count(batch: dict[str, torch.Tensor]) -> int:
     return next(iter(batch.values())).shape[0]
+
+
+def _slice_chunked_loss_sum(model: nn.Module, inputs: dict[str, Any], targets: torch.Tensor,
+                            chunk_tokens: int) -> torch.Tensor:
+    """The chunked loss of a sequence-parallel slice: targets [batch, L/N] already shifted."""
+    inner = chunked_loss.transformers_model(model)
+    hidden = inner.get_decoder()(**inputs).last_hidden_state  # [batch, L/N, hidden]
+    return chunked_loss.targets_loss_sum(hidden, targets, inner.get_output_embeddings(),
+                                         chunk_tokens)
