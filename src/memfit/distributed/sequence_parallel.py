@@ -30,6 +30,7 @@ from torch import nn
 
 from memfit._utils.errors import ConfigError
 from memfit.distributed.process_group import rank, world_size
+from memfit.models.export_module import plain_module
 
 ATTENTION = "memfit_sequence_parallel"  # the name registered with transformers
 CONTEXT_KEYWORD = "memfit_sequence"  # the forward keyword carrying a SequenceContext
@@ -159,18 +160,13 @@ def register_attention() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 
 
-def _transformers_model(model: nn.Module) -> nn.Module:
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
 def use_sequence_parallel_attention(model: nn.Module, sequence_parallel: int,
                                     max_length: int) -> None:
     """Switch a supported causal LM (or a PEFT wrapper of one) to ``ATTENTION``; a model
     it cannot split, whose heads ``sequence_parallel`` does not divide, or whose sliding
     window is shorter than ``max_length`` (the whole-sequence mask is plain causal) is
     refused."""
-    config = getattr(_transformers_model(model), "config", None)
+    config = getattr(plain_module(model), "config", None)
     model_type = getattr(config, "model_type", None)
     setting = f"distributed.sequence_parallel={sequence_parallel}"
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -191,7 +187,7 @@ def use_sequence_parallel_attention(model: nn.Module, sequence_parallel: int,
                           f"{window} tokens, which sequence parallelism does not apply; "
                           f"valid: data.max_length <= {window}")
     register_attention()
-    _transformers_model(model).set_attn_implementation(ATTENTION)
+    plain_module(model).set_attn_implementation(ATTENTION)
 
 
 def _pad_to_multiple(batch: dict[str, torch.Tensor], multiple: int) -> dict[str, torch.Tensor]:

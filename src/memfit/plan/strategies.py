@@ -26,6 +26,7 @@ import enum
 import typing
 from typing import Any
 
+from memfit.config.limits import lookup
 from memfit.config.load import convert_value
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Task
 from memfit.techniques.optimizers import SPECS, spec_for
@@ -50,10 +51,8 @@ METHODS: list[tuple[str, Overrides]] = [
 
 def value_of(config: Config, key: str) -> Any:
     """A dotted key's value in ``config``, as a user writes it (an enum by its value)."""
-    node: Any = config
-    for part in key.split("."):
-        node = getattr(node, part)
-    return node.value if isinstance(node, enum.Enum) else node
+    value = lookup(config, key)
+    return value.value if isinstance(value, enum.Enum) else value
 
 
 def differing(config: Config, overrides: Overrides) -> Overrides:

@@ -22,6 +22,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
 from memfit._utils.errors import ConfigError
+from memfit.models.export_module import plain_module
 from memfit.models.packed import causal_lm_inputs
 
 IGNORE_INDEX = -100
@@ -58,16 +59,10 @@ def _chunk_loss_sum(states: torch.Tensor, targets: torch.Tensor,
     return F.cross_entropy(logits, targets, reduction="sum")
 
 
-def transformers_model(model: nn.Module) -> nn.Module:
-    """The transformers model inside a PEFT wrapper (adapters stay injected in it)."""
-    get_base = getattr(model, "get_base_model", None)
-    return get_base() if callable(get_base) else model
-
-
 def check_supported(model: nn.Module) -> None:
     """The chunked path computes ``lm_head(decoder(x))``; models that transform logits
     further (soft-capping, scaling) would get a different loss, so they are refused."""
-    inner = transformers_model(model)
+    inner = plain_module(model)
     config = getattr(inner, "config", None)
     if not (callable(getattr(inner, "get_decoder", None))
             and callable(getattr(inner, "get_output_embeddings", None))
@@ -110,7 +105,7 @@ def causal_lm_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],
 
 def _causal_lm_loss_sum(model: nn.Module, batch: dict[str, torch.Tensor],
                         chunk_tokens: int) -> torch.Tensor:
-    inner = transformers_model(model)
+    inner = plain_module(model)
     inputs, labels = causal_lm_inputs(inner, batch)  # padded rows, or packed blocks
     outputs = inner.get_decoder()(**inputs)
     return loss_sum(outputs.last_hidden_state, labels, inner.get_output_embeddings(),

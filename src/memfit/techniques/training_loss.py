@@ -21,6 +21,7 @@ from torch import nn
 from memfit.config.schema import Config, Task
 from memfit.distributed import sequence_parallel
 from memfit.distributed.sequence_parallel import SequenceGroup
+from memfit.models.export_module import plain_module
 from memfit.models.loss import (
     causal_lm_loss_sum,
     classification_logits,
@@ -136,7 +137,7 @@ def example_count(batch: dict[str, torch.Tensor]) -> int:
 def _slice_chunked_loss_sum(model: nn.Module, inputs: dict[str, Any], targets: torch.Tensor,
                             chunk_tokens: int) -> torch.Tensor:
     """The chunked loss of a sequence-parallel slice: targets [batch, L/N] already shifted."""
-    inner = chunked_loss.transformers_model(model)
+    inner = plain_module(model)
     hidden = inner.get_decoder()(**inputs).last_hidden_state  # [batch, L/N, hidden]
     return chunked_loss.targets_loss_sum(hidden, targets, inner.get_output_embeddings(),
                                          chunk_tokens)

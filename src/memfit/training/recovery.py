@@ -24,7 +24,7 @@ from memfit._utils.errors import ConfigError
 from memfit.config import to_mapping
 from memfit.config.schema import Config
 from memfit.plan.ladder import fastest_rung
-from memfit.plan.strategies import next_cheaper, with_overrides
+from memfit.plan.strategies import next_cheaper, value_of, with_overrides
 from memfit.techniques.config_checks import from_mapping
 from memfit.training.build import Run, build_run
 
@@ -38,13 +38,6 @@ class Rung:
     description: str
     config: Config
     needs_rebuild: bool
-
-
-def _value(config: Config, key: str) -> object:
-    node: object = config
-    for part in key.split("."):
-        node = getattr(node, part)
-    return getattr(node, "value", node)
 
 
 def next_rung(config: Config, available_bytes: int | None = None, device: str = "cpu"
@@ -61,7 +54,7 @@ def next_rung(config: Config, available_bytes: int | None = None, device: str = 
         cheaper = from_mapping(to_mapping(with_overrides(config, overrides)))
     except ConfigError:
         return None
-    description = ", ".join(f"{key} {_value(config, key)} -> {value}"
+    description = ", ".join(f"{key} {value_of(config, key)} -> {value}"
                             for key, value in overrides.items())
     # memory.offload_blocks: the blocks to offload are marked while the model is built.
     marks_blocks = ("memory.activation_offload" in overrides
