@@ -112,8 +112,29 @@ def test_plan_max_length_finds_the_longest_sequence_that_fits(tmp_path):
     assert found["estimate"]["peak_tensor_bytes"] == planned[0]
 
 
-def test_plan_max_length_is_for_one_device(tmp_path):
-    result = run_in_process("plan", "model.preset=tiny-llama", "--budget", "1MiB",
-                            "--max-length", "--devices", "2", cwd=tmp_path)
-    assert result.returncode == 2
-    assert result.stderr.strip() == "memfit: error: --max-length plans one device; drop --devices"
+def test_plan_max_length_over_two_devices_splits_each_sequence(tmp_path):
+    from memfit.plan import estimate, with_overrides
+    from memfit.plan.planner import load_plan_config
+
+    arguments = ["model.preset=tiny-llama", "train.micro_batch_size=1"]
+    result = run_in_process("plan", *arguments, "--budget", "1MiB", "--device", "cpu",
+                            "--max-length", "--devices", "2", "--json", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout)
+    assert (found["devices"], found["strategy"]) == (2, "fsdp-sp2:qlora+offload")
+    length, overrides = found["max_length"], found["overrides"]
+    assert {key: overrides[key] for key in ("distributed.strategy", "distributed.nproc",
+                                            "distributed.sequence_parallel")} == {
+        "distributed.strategy": "fsdp", "distributed.nproc": 2,
+        "distributed.sequence_parallel": 2}
+    # Oracle: the split fits at the length found and not one token more, where the same
+    # strategy with whole sequences on each device does not fit.
+    config = load_plan_config(None, arguments)
+
+    def planned(tokens: int, split: int = 2) -> int:
+        return estimate(with_overrides(config, {
+            **overrides, "data.max_length": tokens,
+            "distributed.sequence_parallel": split}), device="cpu").device_bytes
+
+    assert planned(length) <= 2**20 < planned(length + 1)
+    assert planned(length, split=1) > 2**20

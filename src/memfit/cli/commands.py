@@ -177,14 +177,13 @@ def _command_plan(args: argparse.Namespace) -> int:
         from memfit.plan.longest import longest_fit
         from memfit.plan.report import format_longest
 
-        if args.devices not in (None, 1):
-            raise ConfigError("--max-length plans one device; drop --devices")
         device = "cuda" if args.device in DATASHEETS else args.device
         budget = default_budget(args.device) if args.budget is None else args.budget
         if budget is None:
             raise ConfigError("--max-length needs --budget (e.g. --budget 24GiB): there is no "
                               "GPU here to take it from")
-        longest = longest_fit(config, budget, device=device)
+        devices = config.distributed.nproc if args.devices is None else args.devices
+        longest = longest_fit(config, budget, device=device, devices=devices)
         print(json.dumps(longest.to_json(), indent=2) if args.json
               else format_longest(longest, config))
         return 0

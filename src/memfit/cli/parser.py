@@ -151,11 +151,16 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--devices", type=int, metavar="N",
                       help="bytes per device of training as N processes, one device each: "
                            "every strategy under ddp (each holds the whole model) and under "
-                           "fsdp (sharded); 1 to 1024; default: distributed.nproc")
+                           "fsdp (sharded), and where none fits, under fsdp with each "
+                           "sequence split over processes (fsdp-spK: "
+                           "distributed.sequence_parallel); 1 to 1024; default: "
+                           "distributed.nproc")
     plan.add_argument("--max-length", action="store_true",
                       help="instead of the table: the longest data.max_length (up to the "
-                           "model's context) that fits --budget on one device at the "
-                           "configured micro-batch, and the strategy that reaches it")
+                           "model's context) that fits --budget on each of --devices "
+                           "devices at the configured micro-batch, and the strategy that "
+                           "reaches it (over several devices: sharded, and with each "
+                           "sequence split)")
     plan.add_argument("--json", action="store_true", help="print one JSON object")
     _add_debug(plan)
     plan.set_defaults(handler=_command_plan)

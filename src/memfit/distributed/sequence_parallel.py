@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch._subclasses.fake_tensor import is_fake
 
 from memfit._utils.errors import ConfigError
 from memfit.distributed.process_group import rank, world_size
@@ -40,12 +41,28 @@ IGNORE_INDEX = -100
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
+@dataclass
+class PlannedGroup:
+    """The process group of a sequence group as the planner traces it (plan/workload.py):
+    every exchange allocates what the real one allocates, its output, sends nothing and
+    counts what it would send (to the group's other ``size - 1`` processes), so the trace
+    of one rank's micro-batch counts the bytes and work training's would."""
+
+    size: int
+    sent_bytes: int = 0
+    exchanges: int = 0
+
+    def exchange(self, tensor: torch.Tensor) -> None:
+        self.sent_bytes += tensor.numel() * tensor.element_size() * (self.size - 1) // self.size
+        self.exchanges += 1
+
+
 @dataclass(frozen=True)
 class SequenceGroup:
     """This rank's sequence group: ``size`` ranks sharing each sequence, this rank's place
     in it (``index``: which 1/size slice of every sequence it feeds the model)."""
 
-    group: Any  # a torch.distributed ProcessGroup
+    group: Any  # a torch.distributed ProcessGroup, or a PlannedGroup
     size: int
     index: int
 
@@ -96,7 +113,10 @@ def _all_to_all(tensor: torch.Tensor, group: Any) -> torch.Tensor:
     # gradient may arrive with other strides, which empty_like would copy).
     tensor = tensor.contiguous()
     output = torch.empty_like(tensor, memory_format=torch.contiguous_format)
-    dist.all_to_all_single(output, tensor, group=group)
+    if isinstance(group, PlannedGroup):
+        group.exchange(tensor)
+    else:
+        dist.all_to_all_single(output, tensor, group=group)
     return output
 
 
@@ -213,7 +233,9 @@ def _whole_sequence_mask(batch: dict[str, torch.Tensor], packed: bool
                          ) -> torch.Tensor | None:
     """(batch, 1, L, L) boolean: causal, and keys of padding excluded (padded rows) or
     keys of other packed rows excluded (position ids restarting, as transformers'
-    ``find_packed_sequence_indices`` reads them); None when causal alone is exact."""
+    ``find_packed_sequence_indices`` reads them); None when causal alone is exact: no
+    attention mask (every key real), or one whose values say so. Values the planner's
+    fake tensors cannot show count as needing the mask (its bytes an upper bound)."""
     length = batch["input_ids"].shape[1]
     device = batch["input_ids"].device
     causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
@@ -222,18 +244,25 @@ def _whole_sequence_mask(batch: dict[str, torch.Tensor], packed: bool
         starts = torch.ones_like(positions, dtype=torch.bool)
         starts[:, 1:] = positions[:, 1:] - positions[:, :-1] != 1
         rows = starts.cumsum(dim=1)  # [batch, L]: which packed row each token is in
-        if bool((rows == 1).all()):
+        if _known_all(rows == 1):
             return None
         allowed = rows[:, :, None] == rows[:, None, :]
     else:
+        if "attention_mask" not in batch:
+            return None
         keys = batch["attention_mask"].bool()  # [batch, L]
-        if bool(keys.all()):
+        if _known_all(keys):
             return None
         allowed = keys[:, None, :].expand(-1, length, -1)
     # Each query keeps itself: a padding query with no key would give NaN (its output
     # reaches no loss, as in one process, where SDPA's mask leaves such rows too).
     diagonal = torch.eye(length, dtype=torch.bool, device=device)
     return ((allowed & causal) | diagonal)[:, None]
+
+
+def _known_all(flags: torch.Tensor) -> bool:
+    """Whether every flag is known to be True (a fake tensor's values are unknown)."""
+    return not is_fake(flags) and bool(flags.all())
 
 
 def shard_batch(batch: dict[str, torch.Tensor], sequence: SequenceGroup

@@ -184,7 +184,10 @@ def _step_work(config: Config, sizing: _Sizing, params: list[costs.Param], devic
     traffic = strategy_for(config).traffic(
         TrafficSizes(costs.grad_bytes(params), sizing.sharded_bytes, units), config)
     train = config.train
-    micro_batch_tokens = (train.micro_batch_size * token_shape(config).length
+    # This device's tokens of a micro-batch: a sequence group's processes each take a
+    # slice of every sequence (distributed.sequence_parallel).
+    slice_length = -(-token_shape(config).length // config.distributed.sequence_parallel)
+    micro_batch_tokens = (train.micro_batch_size * slice_length
                           if config.model.task in (Task.CAUSAL_LM, Task.SEQUENCE_CLASSIFICATION)
                           and not config.model.factory else None)
     micro_batch = sizing.trace.work
@@ -237,6 +240,7 @@ def _trace_key(config: Config, example_batch: ExampleBatch | None, device: str) 
     return (config.model, config.adapter, config.precision, memory,
             type(memory.checkpoint_blocks), type(memory.offload_blocks),
             config.train.micro_batch_size, token_shape(config), _batch_key(example_batch),
+            config.distributed.sequence_parallel,  # the slice of each sequence traced
             # the device: where a built model's base is quantized (quantizing_bytes)
             (quantized_path(config, device), device)
             if config.adapter.kind is AdapterKind.QLORA else None)
@@ -288,16 +292,20 @@ def _trace(config: Config, layers: int | None, example_batch: ExampleBatch | Non
     weights = costs.weight_bytes(built.model)
     quantizing = quantizing_bytes(built.model, config, device)
     sharded = sum(t.numel() * t.element_size() for t in _gathered(built.model))
-    make_batch, loss_sum = workload(config, built, example_batch)
+    work = workload(config, built, example_batch)
     with torch.device("meta"):
-        batch_bytes = sum(tensor.numel() * tensor.element_size()
-                          for tensor in make_batch().values() if isinstance(tensor, torch.Tensor))
+        batch_bytes = sum(tensor.numel() * tensor.element_size() for tensor
+                          in work.make_batch().values() if isinstance(tensor, torch.Tensor))
     memory = config.memory
     in_blocks = memory.activation_offload and memory.offload_blocks is not None
     with traced_offload_in_blocks() if in_blocks else contextlib.nullcontext():
-        trace = trace_micro_batch(built.model, make_batch, loss_sum,
+        trace = trace_micro_batch(built.model, work.make_batch, work.loss_sum,
                                   AUTOCAST_DTYPES.get(config.precision),
                                   memory.activation_offload and not in_blocks)
+    if work.exchanges is not None:  # sequence parallelism's all-to-alls, counted as run
+        trace = dataclasses.replace(trace, work=dataclasses.replace(
+            trace.work, exchanged=work.exchanges.sent_bytes,
+            exchanges=work.exchanges.exchanges))
     return _Traced(built.model, weights, sharded, trace, _units(built.model), batch_bytes,
                    quantizing)
 

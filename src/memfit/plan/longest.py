@@ -1,10 +1,13 @@
-"""``memfit plan --max-length``: the longest ``data.max_length`` that fits a budget on one
-device at the configured micro-batch, and the strategy that reaches it.
+"""``memfit plan --max-length``: the longest ``data.max_length`` that fits a budget on each
+of ``--devices`` devices at the configured micro-batch, and the strategy that reaches it.
 
 Candidates: the config as given, and each method of the ladder at its most frugal level
 (``+offload``: checkpointing, chunked loss, tiled MLP, activations and, where it can,
 optimizer state in host memory), which never needs more device bytes than that method's
-other levels. A plan of every strategy at every length would take minutes for an 8B
+other levels. Over several devices, each method sharded (fsdp: the weights, gradients
+and state divided, which a long sequence's replicas under ddp are not) and sharded with
+each sequence split over the most devices the model's heads allow (``fsdp-spN``:
+sequence_rows.py). A plan of every strategy at every length would take minutes for an 8B
 model; instead:
 
 1. every candidate is planned at a short length (``SHORT_LENGTH``): one that does not fit
@@ -17,7 +20,9 @@ model; instead:
    QLoRA +offload grows by 0.181 GiB per 1,000 tokens from 16,384 tokens to 131,072, and
    by 0.098 below 16,384, where the peak is another moment);
 3. the candidates predicted to reach within ``_CONTENDER`` of the best are searched
-   exactly, from their predicted crossing: out to the first length that does not fit (or
+   exactly (and then those predicted within it of the longest reached, until none is
+   left: a line through short plans can overshoot, Llama-3.1-8B full-parameter GaLore's
+   by a third at 80 GiB), from their predicted crossing: out to the first length that does not fit (or
    the context length), then regula falsi on the (fitting, not fitting) bracket, with a
    bisection step whenever a step shrinks the bracket by less than half, down to one
    token. Only these plans are of long sequences, whose traces take longest (a trace's
@@ -30,11 +35,19 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from memfit._utils.errors import ConfigError, MemfitError
-from memfit.config.schema import Config, Task
+from memfit.config.limits import MAX_DEVICES, check_count
+from memfit.config.schema import Config, DistributedStrategy, Task
 from memfit.plan.context import beyond_context, context_length
 from memfit.plan.itemize import Estimate, estimate
-from memfit.plan.planner import device_assumed, long_sequence_techniques_ok, parse_budget
+from memfit.plan.planner import (
+    device_assumed,
+    distributed,
+    long_sequence_techniques_ok,
+    parse_budget,
+)
+from memfit.plan.sequence_rows import split_rows, widest_split
 from memfit.plan.strategies import METHODS, Overrides, levels, strategies, with_overrides
+from memfit.techniques.distribution import strategy_for
 
 GIVEN = "config (as given)"
 SHORT_LENGTH = 1024
@@ -45,8 +58,9 @@ _CONTENDER = 0.9  # searched exactly: predicted to reach 90% of the best predict
 
 @dataclass(frozen=True)
 class LongestFit:
-    budget_bytes: int
+    budget_bytes: int  # per device
     device: str
+    devices: int
     context: int  # the model's context length: the longest searched
     max_length: int | None  # None: not even MIN_LENGTH tokens fit
     strategy: str | None
@@ -59,26 +73,28 @@ class LongestFit:
 
     def to_json(self) -> dict[str, Any]:
         return {"budget_bytes": self.budget_bytes, "device": self.device,
-                "device_assumed": device_assumed(self.device),
+                "device_assumed": device_assumed(self.device), "devices": self.devices,
                 "context": self.context, "max_length": self.max_length,
                 "strategy": self.strategy, "overrides": self.overrides,
                 "estimate": self.estimate.to_json() if self.estimate else None,
                 "plans": self.plans, "beyond": self.beyond}
 
 
-def longest_fit(config: Config, budget: str | int, device: str = "cuda") -> LongestFit:
+def longest_fit(config: Config, budget: str | int, device: str = "cuda", devices: int = 1
+                ) -> LongestFit:
     """The longest data.max_length of ``config`` that some candidate fits in ``budget`` on
-    one ``device`` (see the module docstring); ConfigError for a model without a context
-    length (a factory, a classifier)."""
+    each of ``devices`` ``device``s (see the module docstring); ConfigError for a model
+    without a context length (a factory, a classifier)."""
     budget_bytes = parse_budget(budget)
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"device={device!r} is not one of: cuda, cpu")
+    check_count("--devices", devices, 1, MAX_DEVICES)
     found = context_length(config) if config.model.task is Task.CAUSAL_LM else None
     if found is None:
         raise ConfigError("--max-length searches data.max_length of a causal LM given by "
                           "model.path or model.preset whose config names its context length")
     context = found[1]
-    search = _Search(config, budget_bytes, device)
+    search = _Search(config, budget_bytes, device, devices)
     short = min(SHORT_LENGTH, context)
     line = sorted({short, min(ANCHOR_LENGTH, context), min(2 * ANCHOR_LENGTH, context)})[-2:]
     fitting = [name for name in search.names if search.fits(name, short)
@@ -94,9 +110,13 @@ def longest_fit(config: Config, budget: str | int, device: str = "cuda") -> Long
     # one (the config as given first) is searched rather than the one predicted furthest.
     predicted = {name: min(search.predicted_crossing(name, *line), context) if len(line) == 2
                  else float(context) for name in fitting}
-    top = max(predicted.values())
-    reached = {name: search.longest(name, shortest, predicted[name], context)
-               for name in fitting if predicted[name] >= _CONTENDER * top}
+    threshold = _CONTENDER * max(predicted.values())
+    reached: dict[str, int] = {}
+    while contenders := [name for name in fitting
+                         if name not in reached and predicted[name] >= threshold]:
+        reached.update({name: search.longest(name, shortest, predicted[name], context)
+                        for name in contenders})
+        threshold = min(threshold, _CONTENDER * max(reached.values()))
     longest = max(reached.values())
     best = next(name for name in search.names if reached.get(name) == longest)  # preferred
     found = search.result(best, longest, context)
@@ -106,13 +126,24 @@ def longest_fit(config: Config, budget: str | int, device: str = "cuda") -> Long
 class _Search:
     """The candidates and every estimate made of them, by (name, length)."""
 
-    def __init__(self, config: Config, budget_bytes: int, device: str):
-        self.config, self.budget_bytes, self.device = config, budget_bytes, device
+    def __init__(self, config: Config, budget_bytes: int, device: str, devices: int):
+        self.budget_bytes, self.device = budget_bytes, device
         frugal = levels(True, True)[-1][0]  # the ladder's last level's suffix: +offload
-        ladder = strategies(*long_sequence_techniques_ok(config))
+        ladder = strategies(*long_sequence_techniques_ok(config), sharded=devices > 1)
         methods = {method + frugal for method, _ in METHODS}
-        self.overrides: dict[str, Overrides] = {GIVEN: {}, **{
-            name: overrides for name, overrides in ladder if name in methods}}
+        candidates = [(name, overrides) for name, overrides in ladder if name in methods]
+        if devices > 1:  # as plan() plans several processes: the config under its own
+            # strategy (ddp when it names none), the methods sharded, then split too
+            own = config.distributed.strategy
+            config = with_overrides(config, distributed(
+                DistributedStrategy.DDP if own is DistributedStrategy.NONE else own, devices))
+            fsdp = DistributedStrategy.FSDP
+            candidates = [(f"{fsdp.value}:{name}", {**overrides, **distributed(fsdp, devices)})
+                          for name, overrides in candidates]
+            split = widest_split(config, devices)
+            candidates += split_rows(candidates, split) if split > 1 else []
+        self.config, self.devices = config, devices
+        self.overrides: dict[str, Overrides] = {GIVEN: {}, **dict(candidates)}
         self.names = list(self.overrides)
         self._estimates: dict[tuple[str, int], Estimate | None] = {}
 
@@ -122,7 +153,8 @@ class _Search:
         if key not in self._estimates:
             candidate = with_overrides(self.config, self._with_length(name, length))
             try:
-                self._estimates[key] = estimate(candidate, self.device)
+                refused = strategy_for(candidate).refusal(candidate) is not None
+                self._estimates[key] = None if refused else estimate(candidate, self.device)
             except (MemfitError, RuntimeError):  # as plan() skips it (e.g. nothing to trace)
                 self._estimates[key] = None
         found = self._estimates[key]
@@ -176,10 +208,10 @@ class _Search:
 
     def result(self, name: str | None, length: int | None, context: int) -> LongestFit:
         if name is None or length is None:
-            return LongestFit(self.budget_bytes, self.device, context, None, None, {}, None,
-                              len(self._estimates))
+            return LongestFit(self.budget_bytes, self.device, self.devices, context, None,
+                              None, {}, None, len(self._estimates))
         self.bytes(name, length)
-        return LongestFit(self.budget_bytes, self.device, context, length, name,
+        return LongestFit(self.budget_bytes, self.device, self.devices, context, length, name,
                           self._with_length(name, length), self._estimates[(name, length)],
                           len(self._estimates))
 

@@ -36,6 +36,7 @@ from memfit.plan.devices import ASSUMED_GPU, BUILTIN, DeviceProfile
 from memfit.plan.itemize import Estimate, ExampleBatch, estimate
 from memfit.plan.planned_device import planned_device
 from memfit.plan.search import with_fitted
+from memfit.plan.sequence_rows import split_rows, widest_split
 from memfit.plan.step_time import StepTime, step_time
 from memfit.plan.strategies import Overrides, strategies, with_overrides
 from memfit.techniques import chunked_loss, tiled_mlp
@@ -108,28 +109,33 @@ def plan(config: Config, budget: str | int | None = None, device: str = "cuda",
     own = config.distributed.strategy
     if devices > 1 and own is DistributedStrategy.NONE:
         own = DistributedStrategy.DDP  # what several processes of the config as given run
-    config = with_overrides(config, _distributed(own, devices))
+    config = with_overrides(config, distributed(own, devices))
     given = estimate(config, kind, example_batch)
     rows, skipped = [], {}
-    for name, overrides in _candidates(config, devices):
-        if config.memory.auto_keep_adapters and overrides["adapter.kind"] == AdapterKind.NONE.value:
-            skipped[name] = "memory.auto_keep_adapters=true keeps adapters"
-            continue
-        candidate = with_overrides(config, overrides)
-        why_not = strategy_for(candidate).refusal(candidate)
-        if why_not is not None:
-            skipped[name] = f"{candidate.distributed.strategy.value} cannot train it: {why_not}"
-            continue
-        try:
-            row = estimate(candidate, kind, example_batch)
-        except MemfitError as error:  # e.g. no blocks to checkpoint in this model
-            skipped[name] = str(error)
-            continue
-        except RuntimeError as error:  # an op the fake-tensor trace cannot run here
-            skipped[name] = f"could not be traced ({str(error).splitlines()[0]})"
-            continue
-        fits = None if budget_bytes is None else row.device_bytes <= budget_bytes
-        rows.append(StrategyEstimate(name, overrides, row, fits, step_time(row.work, profile)))
+
+    def plan_rows(candidates: list[tuple[str, Overrides]]) -> None:
+        for name, overrides in candidates:
+            why_not = _refusal(config, overrides)
+            if why_not is not None:
+                skipped[name] = why_not
+                continue
+            try:
+                row = estimate(with_overrides(config, overrides), kind, example_batch)
+            except MemfitError as error:  # e.g. no blocks to checkpoint in this model
+                skipped[name] = str(error)
+                continue
+            except RuntimeError as error:  # an op the fake-tensor trace cannot run here
+                skipped[name] = f"could not be traced ({str(error).splitlines()[0]})"
+                continue
+            fits = None if budget_bytes is None else row.device_bytes <= budget_bytes
+            rows.append(StrategyEstimate(name, overrides, row, fits,
+                                         step_time(row.work, profile)))
+
+    candidates = _candidates(config, devices)
+    plan_rows(candidates)
+    split = widest_split(config, devices)
+    if budget_bytes is not None and split > 1 and not any(row.fits for row in rows):
+        plan_rows(split_rows(candidates, split))  # only where nothing else fits
     chosen, reason = None, NO_BUDGET
     if budget_bytes is not None:
         rows = with_fitted(config, rows, budget_bytes, kind, profile, example_batch)
@@ -177,7 +183,19 @@ def default_budget(device: str) -> int | None:
     return None
 
 
-def _distributed(strategy: DistributedStrategy, devices: int) -> Overrides:
+def _refusal(config: Config, overrides: Overrides) -> str | None:
+    """Why the row ``overrides`` makes of ``config`` is not planned, if it is not."""
+    if config.memory.auto_keep_adapters and overrides["adapter.kind"] == AdapterKind.NONE.value:
+        return "memory.auto_keep_adapters=true keeps adapters"
+    candidate = with_overrides(config, overrides)
+    why_not = strategy_for(candidate).refusal(candidate)
+    if why_not is not None:
+        return f"{candidate.distributed.strategy.value} cannot train it: {why_not}"
+    return None
+
+
+def distributed(strategy: DistributedStrategy, devices: int) -> Overrides:
+    """The overrides that train as ``devices`` processes under ``strategy``."""
     return {"distributed.strategy": strategy.value, "distributed.nproc": devices}
 
 
@@ -197,7 +215,7 @@ def _candidates(config: Config, devices: int) -> list[tuple[str, Overrides]]:
         pair = [(DistributedStrategy.DDP, replicated), (DistributedStrategy.FSDP, sharded)]
         if sharded_first(replicated):
             pair.reverse()
-        ordered += [(f"{strategy.value}:{name}", {**overrides, **_distributed(strategy, devices)})
+        ordered += [(f"{strategy.value}:{name}", {**overrides, **distributed(strategy, devices)})
                     for strategy, overrides in pair]
     return ordered
 

@@ -100,10 +100,10 @@ def _profile(result: Plan) -> str:
 
 def format_longest(result: LongestFit, config: Config) -> str:
     model = config.model.preset or config.model.path
+    each = f" on each of {result.devices} devices" if result.devices > 1 else ""
     head = (f"memfit plan --max-length: {model}, micro-batch {config.train.micro_batch_size}, "
-            f"budget {format_bytes(result.budget_bytes)}, for {device_label(result.device)}, "
-            "context "
-            f"{result.context} tokens")
+            f"budget {format_bytes(result.budget_bytes)}{each}, for "
+            f"{device_label(result.device)}, context {result.context} tokens")
     if result.max_length is None:
         return (f"{head}\nno strategy fits {format_bytes(result.budget_bytes)} at "
                 f"{MIN_LENGTH} tokens")

@@ -14,9 +14,10 @@ configuration, device-independent) priced with a device profile (devices.py).
                      (memfit's copies run on the compute stream: no overlap)
     per step         the optimizer step (its spec's work: techniques.optimizers.step_work),
                      on the host with optimizer offload (+ gradients down, weights up);
-                     + collectives: the bytes each process sends (the strategy spec's)
-                     over the interconnect and a latency per collective, not overlapped
-                     with compute
+                     + collectives: the bytes each process sends (the strategy spec's,
+                     and each micro-batch's sequence-parallel all-to-alls) over the
+                     interconnect and a latency per collective, not overlapped with
+                     compute
 """
 
 from __future__ import annotations
@@ -65,8 +66,11 @@ def step_time(work: StepWork, profile: DeviceProfile) -> StepTime:
              "offload": (work.micro_batches * host_copy
                          + work.host_transfer_bytes / profile.host_link),
              "optimizer": optimizer,
-             "collectives": (work.collectives.bytes / profile.interconnect
-                             + work.collectives.calls * profile.collective_seconds)}
+             "collectives": (
+                 (work.collectives.bytes + work.micro_batches * micro.exchanged)
+                 / profile.interconnect
+                 + (work.collectives.calls + work.micro_batches * micro.exchanges)
+                 * profile.collective_seconds)}
     return StepTime(sum(parts.values()), parts, work.tokens)
 
 

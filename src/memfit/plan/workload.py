@@ -25,6 +25,7 @@ from memfit.data import build_datasets
 from memfit.data.build import packing_of
 from memfit.data.order import drawn, optimizer_steps
 from memfit.data.tokens import Packing
+from memfit.distributed import sequence_parallel
 from memfit.models.load import import_object, load_tokenizer
 from memfit.plan.meta import MetaModel
 from memfit.techniques.training_loss import TrainingLoss
@@ -71,17 +72,29 @@ def _longest_row(data: DataConfig, model: ModelConfig, seed: int, max_steps: int
                for index in drawn(len(train), seed, steps * drawn_per_step))
 
 
+@dataclass(frozen=True)
+class Workload:
+    make_batch: Callable[[], dict[str, Any]]  # one micro-batch (run under the fake mode)
+    loss_sum: Callable  # (model, batch) -> the loss training backpropagates
+    # distributed.sequence_parallel > 1: the stand-in group whose exchanges the trace runs,
+    # counting what they would send.
+    exchanges: sequence_parallel.PlannedGroup | None = None
+
+
 def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | None
-             ) -> tuple[Callable[[], dict[str, Any]], Callable]:
-    """(make_batch, loss_sum) as the training loop would run them. Hugging Face causal LMs
-    and classifiers get batches of ``token_shape`` tokens; factory and image models the
-    shapes of ``example_batch``, traced through their own loss (model.loss or forward's)."""
+             ) -> Workload:
+    """The micro-batch and its loss as the training loop would run them. Hugging Face
+    causal LMs and classifiers get batches of ``token_shape`` tokens; factory and image
+    models the shapes of ``example_batch``, traced through their own loss (model.loss or
+    forward's)."""
     loss_function = import_object(config.model.loss, "model.loss") if config.model.loss else None
     loss = TrainingLoss.for_config(config, loss_function)
     size = config.train.micro_batch_size
     shape = token_shape(config)
     length = shape.length
     if config.model.task is Task.CAUSAL_LM and built.is_transformers:
+        loss = _sequence_parallel(config, built, loss, length)
+        exchanges = loss.sequence_group.group if loss.sequence_group else None
 
         def make_batch() -> dict[str, Any]:
             # Training's batches hold an attention mask whatever the packing (data/tokens.py),
@@ -105,7 +118,7 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
             with _rows_seen_as_single_sequences():
                 return loss.loss_sum(model, batch)
 
-        return make_batch, causal_lm_loss_sum
+        return Workload(make_batch, causal_lm_loss_sum, exchanges)
     if config.model.task is Task.SEQUENCE_CLASSIFICATION:
 
         def make_classified_batch() -> dict[str, Any]:
@@ -113,7 +126,7 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
                     "attention_mask": torch.ones((size, length), dtype=torch.long),
                     "labels": torch.zeros(size, dtype=torch.long)}
 
-        return make_classified_batch, loss.loss_sum
+        return Workload(make_classified_batch, loss.loss_sum)
     if example_batch is None:
         raise ConfigError("planning a model.factory or image model needs one example "
                           "micro-batch: pass example_batch={name: tensor} to memfit.plan")
@@ -126,7 +139,23 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
 
     # A factory's causal LM is planned with its own loss on the example batch, whose names
     # are the user's (training computes the causal-LM loss from input_ids and labels).
-    return make_factory_batch, replace(loss, causal_lm=False, loss_chunk_tokens=None).loss_sum
+    return Workload(make_factory_batch,
+                    replace(loss, causal_lm=False, loss_chunk_tokens=None).loss_sum)
+
+
+def _sequence_parallel(config: Config, built: MetaModel, loss: TrainingLoss, length: int
+                       ) -> TrainingLoss:
+    """distributed.sequence_parallel > 1: one rank of a sequence group, as training runs
+    it (distributed/sequence_parallel.py): the model's attention exchanges heads for tokens
+    (the exchanges only allocate their outputs here), and the loss feeds it this rank's
+    slice of the whole micro-batch every rank holds. A model that cannot be split raises
+    ConfigError, as training would."""
+    size = config.distributed.sequence_parallel
+    if size == 1:
+        return loss
+    sequence_parallel.use_sequence_parallel_attention(built.model, size, length)
+    group = sequence_parallel.SequenceGroup(sequence_parallel.PlannedGroup(size), size, 0)
+    return replace(loss, sequence_group=group)
 
 
 @contextlib.contextmanager

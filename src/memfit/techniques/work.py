@@ -12,7 +12,10 @@ The planner prices it in seconds with a device profile (plan/devices.py, plan/st
 - ``launches``: every op dispatched, views and metadata ops included: each costs the host a
   fixed time (Python, autograd and the dispatcher; on CUDA a kernel launch);
 - ``host_copy``: bytes copied device -> host (activation offload: the same bytes come back
-  in backward), priced at the device's host link.
+  in backward), priced at the device's host link;
+- ``exchanged``, ``exchanges``: bytes sent to the other processes of a sequence group and
+  the all-to-alls that send them (sequence parallelism's, inside forward and backward),
+  priced at the interconnect like the strategy's collectives.
 
 Calls are grouped by size in powers of two (``size_class``), so a trace of a 70B model's
 stand-ins stays a few dozen numbers and extrapolates in depth like the bytes do. Every
@@ -41,10 +44,13 @@ class Work:
     amounts: dict[Key, int] = field(default_factory=dict)  # their FLOPs or bytes
     launches: int = 0  # every op dispatched (views included)
     host_copy: int = 0  # bytes device -> host (and as many back)
+    exchanged: int = 0  # bytes sent to the other processes of a sequence group
+    exchanges: int = 0  # the all-to-alls sending them
 
     def plus(self, other: Work) -> Work:
         return Work(_sum(self.calls, other.calls), _sum(self.amounts, other.amounts),
-                    self.launches + other.launches, self.host_copy + other.host_copy)
+                    self.launches + other.launches, self.host_copy + other.host_copy,
+                    self.exchanged + other.exchanged, self.exchanges + other.exchanges)
 
     def minus(self, other: Work) -> Work:
         """This work without ``other``'s, key by key, never below 0: a spec's account of
@@ -55,12 +61,15 @@ class Work:
 
         return Work(less(self.calls, other.calls), less(self.amounts, other.amounts),
                     max(0, self.launches - other.launches),
-                    max(0, self.host_copy - other.host_copy))
+                    max(0, self.host_copy - other.host_copy),
+                    max(0, self.exchanged - other.exchanged),
+                    max(0, self.exchanges - other.exchanges))
 
     def times(self, factor: int) -> Work:
         return Work({k: v * factor for k, v in self.calls.items()},
                     {k: v * factor for k, v in self.amounts.items()},
-                    self.launches * factor, self.host_copy * factor)
+                    self.launches * factor, self.host_copy * factor,
+                    self.exchanged * factor, self.exchanges * factor)
 
     @property
     def flops(self) -> int:

@@ -1,0 +1,40 @@
+"""Sequence parallelism in a plan over several devices (distributed.sequence_parallel):
+the widest split of each sequence that the devices and the model's attention heads allow,
+and the rows that train with it.
+
+They are planned where nothing else fits (``plan``) and searched by ``--max-length`` over
+several devices: splitting a sequence divides its activations by the split, for all-to-alls
+inside every attention layer (counted by the trace: distributed/sequence_parallel.py's
+``PlannedGroup``).
+"""
+
+from __future__ import annotations
+
+from memfit.config.schema import Config, DistributedStrategy, Task
+from memfit.distributed.sequence_parallel import SUPPORTED_MODEL_TYPES
+from memfit.plan import meta
+from memfit.plan.strategies import Overrides
+
+
+def widest_split(config: Config, devices: int) -> int:
+    """The most processes that can share a sequence: the largest N dividing ``devices``
+    and the model's attention and key/value heads; 1 where the model cannot be split (not
+    a supported Hugging Face causal LM)."""
+    model = None if config.model.factory else meta.hf_config(config)
+    if (devices < 2 or model is None or config.model.task is not Task.CAUSAL_LM
+            or getattr(model, "model_type", None) not in SUPPORTED_MODEL_TYPES):
+        return 1
+    heads = model.num_attention_heads
+    kv_heads = getattr(model, "num_key_value_heads", None) or heads
+    return max(n for n in range(1, devices + 1)
+               if devices % n == 0 and heads % n == 0 and kv_heads % n == 0)
+
+
+def split_rows(rows: list[tuple[str, Overrides]], split: int) -> list[tuple[str, Overrides]]:
+    """Each fsdp row (``fsdp:NAME``) as ``fsdp-spN:NAME``, sharing each sequence over
+    ``split`` processes. Under FSDP2, as ALST (ZeRO-3 and Ulysses) does: the sequence is
+    split where activations no longer fit, and the weights are sharded as well."""
+    prefix = f"{DistributedStrategy.FSDP.value}:"
+    return [(f"{DistributedStrategy.FSDP.value}-sp{split}:{name.removeprefix(prefix)}",
+             {**overrides, "distributed.sequence_parallel": split})
+            for name, overrides in rows if name.startswith(prefix)]
