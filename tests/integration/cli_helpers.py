@@ -104,6 +104,41 @@ def run_in_process(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
                                        stderr.getvalue())
 
 
+# What run_cli_cases runs in its fresh interpreter: each case through run_in_process (a case
+# that raises ends as the interpreter would end it: its traceback on stderr, status 1).
+_CASES_RUNNER = """\
+import json, sys, traceback, subprocess
+from pathlib import Path
+from cli_helpers import run_in_process
+results = []
+for arguments, cwd in json.loads(Path(sys.argv[1]).read_text()):
+    try:
+        done = run_in_process(*arguments, cwd=Path(cwd))
+    except BaseException:
+        done = subprocess.CompletedProcess(arguments, 1, "", traceback.format_exc())
+    results.append([done.returncode, done.stdout, done.stderr])
+Path(sys.argv[2]).write_text(json.dumps(results))
+"""
+
+
+def run_cli_cases(cases: list[tuple[list[str], Path]], scratch: Path,
+                  timeout: float) -> list[subprocess.CompletedProcess]:
+    """``memfit ARGUMENTS`` in ``cwd`` for each (arguments, cwd) case, one after the other
+    in ONE fresh interpreter (one start-up of torch and transformers for all of them, about
+    8 s each saved), each as ``run_in_process`` runs it; ``timeout`` guards the whole job
+    (subprocess.run kills it). ``scratch``: a folder for the cases and results files,
+    outside every case's cwd."""
+    cases_file, results_file = scratch / "cases.json", scratch / "results.json"
+    cases_file.write_text(json.dumps([[list(arguments), str(cwd)] for arguments, cwd in cases]))
+    job = subprocess.run([sys.executable, "-c", _CASES_RUNNER, str(cases_file),
+                          str(results_file)], cwd=scratch, capture_output=True, text=True,
+                         env=cli_env(), timeout=timeout)
+    assert job.returncode == 0, job.stderr
+    return [subprocess.CompletedProcess(["memfit", *arguments], status, stdout, stderr)
+            for (arguments, _), (status, stdout, stderr)
+            in zip(cases, json.loads(results_file.read_text()), strict=True)]
+
+
 def tree_digest(root: Path) -> dict[str, str]:
     """Every file and folder under ``root`` (relative path -> SHA-256 of the bytes, or
     "dir"), to assert that a refused command left what the user had byte-for-byte alone."""

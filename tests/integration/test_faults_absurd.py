@@ -3,8 +3,9 @@ alias bomb, a size or count no machine could hold, a chat template that loops or
 without end, 10**12 classes: one line naming the key and the limit, exit status 2, at once,
 and nothing written.
 
-Cases that hung before run in a subprocess whose timeout only guards the test run against
-such a hang (subprocess.run kills it); the others run in-process."""
+Cases that hung before run in ONE fresh interpreter (cli_helpers.run_cli_cases: one start-up
+for all of them) whose timeout only guards the test run against such a hang (subprocess.run
+kills it); the others run in-process."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import pytest
 import yaml
 from cli_helpers import (
     assert_one_line_error,
-    run_cli,
+    run_cli_cases,
     run_in_process,
     tiny_run_arguments,
     tree_digest,
@@ -71,29 +72,47 @@ def plan_with(*overrides: str):
     return lambda tmp_path: ["plan", "model.preset=tiny-llama", "--budget", "24GiB", *overrides]
 
 
-@pytest.mark.parametrize("arguments, fragments", [
-    (bomb_file, ("bomb.yaml is refused", f"{MAX_YAML_NODES:,} values")),
-    (resume_folder, ("config.yaml is refused", f"{MAX_YAML_NODES:,} values")),
-    (tiny_run_with("train.micro_batch_size=100000000000000000000000"),
-     ("train.micro_batch_size=100000000000000000000000 is beyond memfit's limit of 1,048,576",)),
-    (tiny_run_with("train.max_steps=10000000000000000000000"),
-     ("train.max_steps=10000000000000000000000 is beyond memfit's limit of 1,000,000,000",)),
-    (tiny_run_with("train.gradient_accumulation_steps=99999999999"),
-     ("train.gradient_accumulation_steps=99999999999 is beyond",)),
-    (tiny_run_with("train.epochs=1e300"),
-     ("train.epochs=1e+300 is beyond memfit's limit of 1,000,000",)),
-    (tiny_run_with("adapter.kind=lora", "adapter.rank=99999999999"),
-     ("adapter.rank=99999999999 is beyond memfit's limit of 65,536",)),
-    (plan_with("train.micro_batch_size=99999999999"),
-     ("train.micro_batch_size=99999999999 is beyond",)),
-], ids=["alias-bomb", "alias-bomb-in-a-run-folder", "micro-batch-1e23", "max-steps",
-        "accumulation", "epochs", "lora-rank", "plan-micro-batch"])
-def test_what_hung_is_refused_at_once(tmp_path: Path, arguments, fragments):
-    command = arguments(tmp_path)
-    before = tree_digest(tmp_path)
-    result = run_cli(*command, cwd=tmp_path, timeout=HANG_GUARD_SECONDS)
-    assert_one_line_error(result, 2, *fragments)
-    assert tree_digest(tmp_path) == before
+# id -> (the case's arguments, given its folder; fragments of its one line)
+HUNG = {
+    "alias-bomb": (bomb_file, ("bomb.yaml is refused", f"{MAX_YAML_NODES:,} values")),
+    "alias-bomb-in-a-run-folder": (resume_folder,
+                                   ("config.yaml is refused", f"{MAX_YAML_NODES:,} values")),
+    "micro-batch-1e23": (
+        tiny_run_with("train.micro_batch_size=100000000000000000000000"),
+        ("train.micro_batch_size=100000000000000000000000 is beyond memfit's limit of "
+         "1,048,576",)),
+    "max-steps": (
+        tiny_run_with("train.max_steps=10000000000000000000000"),
+        ("train.max_steps=10000000000000000000000 is beyond memfit's limit of 1,000,000,000",)),
+    "accumulation": (tiny_run_with("train.gradient_accumulation_steps=99999999999"),
+                     ("train.gradient_accumulation_steps=99999999999 is beyond",)),
+    "epochs": (tiny_run_with("train.epochs=1e300"),
+               ("train.epochs=1e+300 is beyond memfit's limit of 1,000,000",)),
+    "lora-rank": (tiny_run_with("adapter.kind=lora", "adapter.rank=99999999999"),
+                  ("adapter.rank=99999999999 is beyond memfit's limit of 65,536",)),
+    "plan-micro-batch": (plan_with("train.micro_batch_size=99999999999"),
+                         ("train.micro_batch_size=99999999999 is beyond",)),
+}
+
+
+@pytest.fixture(scope="module")
+def hung_cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple]:
+    """id -> (the run's result, its folder, that folder's digest before the run): every case
+    of HUNG in a folder of its own, all in one fresh interpreter."""
+    folders = {name: tmp_path_factory.mktemp(name) for name in HUNG}
+    commands = {name: arguments(folders[name]) for name, (arguments, _) in HUNG.items()}
+    before = {name: tree_digest(folder) for name, folder in folders.items()}
+    results = run_cli_cases([(commands[name], folders[name]) for name in HUNG],
+                            tmp_path_factory.mktemp("hung-cases"), timeout=HANG_GUARD_SECONDS)
+    return {name: (result, folders[name], before[name])
+            for name, result in zip(HUNG, results, strict=True)}
+
+
+@pytest.mark.parametrize("name", list(HUNG))
+def test_what_hung_is_refused_at_once(hung_cases, name: str):
+    result, folder, before = hung_cases[name]
+    assert_one_line_error(result, 2, *HUNG[name][1])
+    assert tree_digest(folder) == before
 
 
 # --- sizes and counts ----------------------------------------------------------------------
