@@ -24,8 +24,15 @@ def _worker(rank: int, init_file: str, function: Callable, args: tuple) -> None:
 
 
 def on_two_processes(function: Callable, *args) -> None:
-    """``function`` must be importable by name (a module-level function of a test file)."""
+    """``function`` must be importable by name (a module-level function of a test file).
+
+    The processes are forked from multiprocessing's fork server: a fresh interpreter (not a
+    fork of pytest's), started at the first call, that imports torch and ``function``'s
+    module once; "spawn" paid those imports in both processes of every call."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["torch", "torch.distributed", __name__,
+                                    function.__module__])  # read when the server starts
     with tempfile.TemporaryDirectory() as folder:
         init_file = str(Path(folder) / "init")
         mp.start_processes(_worker, args=(init_file, function, args), nprocs=2,
-                           start_method="spawn")
+                           start_method="forkserver")
