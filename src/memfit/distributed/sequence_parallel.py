@@ -238,7 +238,6 @@ def _whole_sequence_mask(batch: dict[str, torch.Tensor], packed: bool
     fake tensors cannot show count as needing the mask (its bytes an upper bound)."""
     length = batch["input_ids"].shape[1]
     device = batch["input_ids"].device
-    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     if packed:
         positions = batch["position_ids"]
         starts = torch.ones_like(positions, dtype=torch.bool)
@@ -254,8 +253,10 @@ def _whole_sequence_mask(batch: dict[str, torch.Tensor], packed: bool
         if _known_all(keys):
             return None
         allowed = keys[:, None, :].expand(-1, length, -1)
-    # Each query keeps itself: a padding query with no key would give NaN (its output
-    # reaches no loss, as in one process, where SDPA's mask leaves such rows too).
+    # Built only here: (L, L) is 1 GiB at 32,768 tokens, where the plain causal case needs
+    # none. Each query keeps itself: a padding query with no key would give NaN (its
+    # output reaches no loss, as in one process, where SDPA's mask leaves such rows too).
+    causal = torch.ones(length, length, dtype=torch.bool, device=device).tril()
     diagonal = torch.eye(length, dtype=torch.bool, device=device)
     return ((allowed & causal) | diagonal)[:, None]
 

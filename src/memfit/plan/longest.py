@@ -22,7 +22,9 @@ model; instead:
 3. the candidates predicted to reach within ``_CONTENDER`` of the best are searched
    exactly (and then those predicted within it of the longest reached, until none is
    left: a line through short plans can overshoot, Llama-3.1-8B full-parameter GaLore's
-   by a third at 80 GiB), from their predicted crossing: out to the first length that does not fit (or
+   by a third at 80 GiB), the one predicted furthest first; each next one is planned at
+   the longest reached so far, and searched on from there only if it fits it. A search
+   starts from the predicted crossing: out to the first length that does not fit (or
    the context length), then regula falsi on the (fitting, not fitting) bracket, with a
    bisection step whenever a step shrinks the bracket by less than half, down to one
    token. Only these plans are of long sequences, whose traces take longest (a trace's
@@ -111,11 +113,17 @@ def longest_fit(config: Config, budget: str | int, device: str = "cuda", devices
     predicted = {name: min(search.predicted_crossing(name, *line), context) if len(line) == 2
                  else float(context) for name in fitting}
     threshold = _CONTENDER * max(predicted.values())
-    reached: dict[str, int] = {}
-    while contenders := [name for name in fitting
-                         if name not in reached and predicted[name] >= threshold]:
-        reached.update({name: search.longest(name, shortest, predicted[name], context)
-                        for name in contenders})
+    reached: dict[str, int] = {}  # each searched candidate's longest
+    shorter: set[str] = set()  # does not fit the longest reached before its turn
+    while contenders := sorted((name for name in fitting if name not in reached
+                                and name not in shorter and predicted[name] >= threshold),
+                               key=lambda name: -predicted[name]):
+        for name in contenders:
+            longest = max(reached.values(), default=shortest)
+            if search.fits(name, longest):  # from there: only a longer one is news
+                reached[name] = search.longest(name, longest, predicted[name], context)
+            else:
+                shorter.add(name)
         threshold = min(threshold, _CONTENDER * max(reached.values()))
     longest = max(reached.values())
     best = next(name for name in search.names if reached.get(name) == longest)  # preferred
