@@ -113,6 +113,8 @@ def test_plan_max_length_finds_the_longest_sequence_that_fits(tmp_path):
 
 
 def test_plan_max_length_over_two_devices_splits_each_sequence(tmp_path):
+    """(Over 10 s: the search plans about 40 configurations of 2 devices, sharded and
+    split, each a trace of the tiny model.)"""
     from memfit.plan import estimate, with_overrides
     from memfit.plan.planner import load_plan_config
 

@@ -231,11 +231,13 @@ def _pad_to_multiple(batch: dict[str, torch.Tensor], multiple: int) -> dict[str,
 
 def _whole_sequence_mask(batch: dict[str, torch.Tensor], packed: bool
                          ) -> torch.Tensor | None:
-    """(batch, 1, L, L) boolean: causal, and keys of padding excluded (padded rows) or
-    keys of other packed rows excluded (position ids restarting, as transformers'
-    ``find_packed_sequence_indices`` reads them); None when causal alone is exact: no
-    attention mask (every key real), or one whose values say so. Values the planner's
-    fake tensors cannot show count as needing the mask (its bytes an upper bound)."""
+    """(batch, 1, L, L) boolean: causal, and keys of padding excluded (padding before a
+    real token) or keys of other packed rows excluded (position ids restarting, as
+    transformers' ``find_packed_sequence_indices`` reads them); None when causal alone is
+    exact: rows padded at their right end only (memfit's collate and ``_pad_to_multiple``
+    pad there), where no real query sees a padding key and a padding query's output
+    reaches no target. The planner's fake tensors show no values: its rows are right-padded
+    (as training's), its packed rows counted as needing the mask (an upper bound)."""
     length = batch["input_ids"].shape[1]
     device = batch["input_ids"].device
     if packed:
@@ -247,11 +249,9 @@ def _whole_sequence_mask(batch: dict[str, torch.Tensor], packed: bool
             return None
         allowed = rows[:, :, None] == rows[:, None, :]
     else:
-        if "attention_mask" not in batch:
+        if "attention_mask" not in batch or _right_padded(batch["attention_mask"]):
             return None
         keys = batch["attention_mask"].bool()  # [batch, L]
-        if _known_all(keys):
-            return None
         allowed = keys[:, None, :].expand(-1, length, -1)
     # Built only here: (L, L) is 1 GiB at 32,768 tokens, where the plain causal case needs
     # none. Each query keeps itself: a padding query with no key would give NaN (its
@@ -264,6 +264,12 @@ def _whole_sequence_mask(batch: dict[str, torch.Tensor], packed: bool
 def _known_all(flags: torch.Tensor) -> bool:
     """Whether every flag is known to be True (a fake tensor's values are unknown)."""
     return not is_fake(flags) and bool(flags.all())
+
+
+def _right_padded(attention_mask: torch.Tensor) -> bool:
+    """Whether no row of the (batch, L) mask has a real token after padding."""
+    return is_fake(attention_mask) or not bool((attention_mask[:, 1:] > attention_mask[:, :-1])
+                                                .any())
 
 
 def shard_batch(batch: dict[str, torch.Tensor], sequence: SequenceGroup
