@@ -128,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "(what memfit train trains with no arguments) is planned, or name the "
                     "model with an override, e.g. model.preset=llama-3.1-8b. With "
                     "--devices N, bytes and --budget are per device; data parallel (ddp) is "
-                    "recommended when some strategy fits one device, FSDP2 (fsdp) otherwise.")
+                    "recommended when some strategy fits one device, FSDP2 (fsdp) otherwise, "
+                    "and FSDP2 with each sequence split over processes where nothing else "
+                    "fits.")
     plan.add_argument("arguments", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     plan.add_argument("--budget",
                       help="device memory, e.g. 24GiB, 16GB, 8e9 (above 0, at most 1 EiB); "
