@@ -180,6 +180,14 @@ def register_attention() -> None:
     ALL_MASK_ATTENTION_FUNCTIONS.register(ATTENTION, sdpa_mask)
 
 
+def head_splits(model_config: Any) -> list[int]:
+    """The group sizes a transformers config's attention allows: those dividing both its
+    attention heads and its key/value heads (each rank takes whole heads of both)."""
+    heads = model_config.num_attention_heads
+    kv_heads = getattr(model_config, "num_key_value_heads", None) or heads
+    return [n for n in range(1, kv_heads + 1) if heads % n == 0 and kv_heads % n == 0]
+
+
 def use_sequence_parallel_attention(model: nn.Module, sequence_parallel: int,
                                     max_length: int) -> None:
     """Switch a supported causal LM (or a PEFT wrapper of one) to ``ATTENTION``; a model
@@ -193,10 +201,10 @@ def use_sequence_parallel_attention(model: nn.Module, sequence_parallel: int,
         raise ConfigError(f"{setting} needs a Hugging Face causal LM with rotary attention "
                           f"({', '.join(SUPPORTED_MODEL_TYPES)}); this model is "
                           f"{model_type or type(model).__name__}")
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    if heads % sequence_parallel or kv_heads % sequence_parallel:
-        valid = [n for n in range(1, kv_heads + 1) if heads % n == 0 and kv_heads % n == 0]
+    valid = head_splits(config)
+    if sequence_parallel not in valid:
+        heads = config.num_attention_heads
+        kv_heads = getattr(config, "num_key_value_heads", None) or heads
         raise ConfigError(f"{setting} must divide the model's {heads} attention heads and "
                           f"{kv_heads} key/value heads; valid: {', '.join(map(str, valid))}")
     window = getattr(config, "sliding_window", None)

@@ -11,7 +11,7 @@ inside every attention layer (counted by the trace: distributed/sequence_paralle
 from __future__ import annotations
 
 from memfit.config.schema import Config, DistributedStrategy, Task
-from memfit.distributed.sequence_parallel import SUPPORTED_MODEL_TYPES
+from memfit.distributed.sequence_parallel import SUPPORTED_MODEL_TYPES, head_splits
 from memfit.plan import meta
 from memfit.plan.strategies import Overrides
 
@@ -24,10 +24,7 @@ def widest_split(config: Config, devices: int) -> int:
     if (devices < 2 or model is None or config.model.task is not Task.CAUSAL_LM
             or getattr(model, "model_type", None) not in SUPPORTED_MODEL_TYPES):
         return 1
-    heads = model.num_attention_heads
-    kv_heads = getattr(model, "num_key_value_heads", None) or heads
-    return max(n for n in range(1, devices + 1)
-               if devices % n == 0 and heads % n == 0 and kv_heads % n == 0)
+    return max(n for n in head_splits(model) if devices % n == 0)
 
 
 def split_rows(rows: list[tuple[str, Overrides]], split: int) -> list[tuple[str, Overrides]]:
