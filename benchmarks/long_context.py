@@ -4,7 +4,8 @@ python benchmarks/long_context.py [--lengths 16384,20480] [--parts 1,2]
 A small Llama (fp32, hidden 64, MLP 256, 4 layers, 4 heads, 2 key/value heads) trains
 for real, one sequence per micro-batch, at each length:
 
-1. One process, checkpointing and chunked loss; + the tiled MLP; + activation offload
+1. One process, checkpointing and chunked loss; + the tiled MLP; + tiled norms;
+   + activation offload
    (the checkpointed block inputs in host memory). For each: the plan's and the tensor
    tracker's peak device bytes (the highest of 2 steps), the error, and the bytes each
    extra token costs between the two lengths (planned and measured): with the tiled MLP
@@ -43,9 +44,13 @@ TECHNIQUES = [  # (name, memory overrides)
                              "loss_chunk_tokens": 1024}),
     ("+ tiled MLP", {"gradient_checkpointing": True, "chunked_loss": True,
                      "loss_chunk_tokens": 1024, "tiled_mlp": True, "mlp_chunk_tokens": 1024}),
+    ("+ tiled norms", {"gradient_checkpointing": True, "chunked_loss": True,
+                       "loss_chunk_tokens": 1024, "tiled_mlp": True, "mlp_chunk_tokens": 1024,
+                       "tiled_norms": True, "norm_chunk_tokens": 1024}),
     ("+ activation offload", {"gradient_checkpointing": True, "chunked_loss": True,
                               "loss_chunk_tokens": 1024, "tiled_mlp": True,
-                              "mlp_chunk_tokens": 1024, "activation_offload": True}),
+                              "mlp_chunk_tokens": 1024, "tiled_norms": True,
+                              "norm_chunk_tokens": 1024, "activation_offload": True}),
 ]
 
 

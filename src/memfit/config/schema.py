@@ -336,6 +336,18 @@ class MemoryConfig:
         "memory.tiled_mlp: tokens whose MLP activations exist at once (forward and backward).",
         limits=(1, MAX_TOKENS), default=4096,
     )
+    tiled_norms: bool = doc(
+        "Compute each norm (modules whose class name ends in RMSNorm or LayerNorm) over "
+        "chunks of memory.norm_chunk_tokens tokens, each chunk recomputed in backward, so a "
+        "norm keeps only its input, not an fp32 copy of it, and its fp32 work exists for one "
+        "chunk at a time (long sequences).",
+        default=False,
+    )
+    norm_chunk_tokens: int = doc(
+        "memory.tiled_norms: tokens whose norm temporaries exist at once (forward and "
+        "backward).",
+        limits=(1, MAX_TOKENS), default=4096,
+    )
     freeze_embeddings: bool = doc(
         "Full fine-tuning: freeze the input embedding and the output layer (tied or not), "
         "so they take no gradients and no optimizer state.", default=False)

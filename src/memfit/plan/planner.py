@@ -39,7 +39,7 @@ from memfit.plan.search import with_fitted
 from memfit.plan.sequence_rows import split_rows, widest_split
 from memfit.plan.step_time import StepTime, step_time
 from memfit.plan.strategies import Overrides, strategies, with_overrides
-from memfit.techniques import chunked_loss, tiled_mlp
+from memfit.techniques import chunked_loss, tiled_mlp, tiled_norms
 from memfit.techniques.distribution import strategy_for
 
 
@@ -253,19 +253,20 @@ def parse_budget(budget: str | int) -> int:
     return value
 
 
-def long_sequence_techniques_ok(config: Config) -> tuple[bool, bool]:
-    """(chunked loss, tiled MLP): whether the ladder's +ckpt levels can use them, for
-    causal LMs: the chunked loss where the model's logits are the output layer's own, the
-    tiled MLP where it has MLP modules."""
+def long_sequence_techniques_ok(config: Config) -> tuple[bool, bool, bool]:
+    """(chunked loss, tiled MLP, tiled norms): whether the ladder's +ckpt levels can use
+    them, for causal LMs: the chunked loss where the model's logits are the output layer's
+    own, the tiled MLP and norms where it has MLP and norm modules."""
     if config.model.task is not Task.CAUSAL_LM or config.model.factory:
-        return False, False
+        return False, False, False
     model = meta.build(config, layers=1).model
     try:
         chunked_loss.check_supported(model)
         chunked_loss_ok = True
     except ConfigError:
         chunked_loss_ok = False  # e.g. Gemma-2's final logit soft-capping
-    return chunked_loss_ok, bool(tiled_mlp.mlp_modules(model))
+    return (chunked_loss_ok, bool(tiled_mlp.mlp_modules(model)),
+            bool(tiled_norms.norm_modules(model)))
 
 
 def as_config(config: Config | dict[str, Any] | str | Path) -> Config:

@@ -71,17 +71,19 @@ LEVELS = ("", *PLAN_LEVELS)
 FIT = "+fit"
 
 
-def levels(state_offload_ok: bool, chunked_loss_ok: bool, tiled_mlp_ok: bool = False
-           ) -> list[tuple[str, Overrides]]:
+def levels(state_offload_ok: bool, chunked_loss_ok: bool, tiled_mlp_ok: bool = False,
+           tiled_norms_ok: bool = False) -> list[tuple[str, Overrides]]:
     """plain, +ckpt, +offload, each switching on the techniques of the levels up to it
     (techniques/specs: a spec's ``level``), but for those that cannot apply: optimizer
     state goes to the host only where it can (full-parameter training that steps after
     backward: layer-wise steps run inside it), the loss is chunked for causal LMs, and the
     MLP is tiled where the model has MLP modules (a micro-batch of at most
     memory.mlp_chunk_tokens tokens runs untiled, so short sequences lose nothing, and a
-    long one keeps one chunk's MLP activations instead of the sequence's)."""
+    long one keeps one chunk's MLP activations instead of the sequence's), and so are the
+    norms where it has RMSNorm / LayerNorm modules."""
     can_apply = {"memory.optimizer_offload": state_offload_ok,
-                 "memory.chunked_loss": chunked_loss_ok, "memory.tiled_mlp": tiled_mlp_ok}
+                 "memory.chunked_loss": chunked_loss_ok, "memory.tiled_mlp": tiled_mlp_ok,
+                 "memory.tiled_norms": tiled_norms_ok}
     found = [("", dict(_RESET))]
     for level in PLAN_LEVELS:
         switched = {spec.row_reset[0]: can_apply.get(spec.row_reset[0], True)
@@ -90,8 +92,8 @@ def levels(state_offload_ok: bool, chunked_loss_ok: bool, tiled_mlp_ok: bool = F
     return found
 
 
-def strategies(chunked_loss_ok: bool, tiled_mlp_ok: bool = False, sharded: bool = False
-               ) -> list[tuple[str, Overrides]]:
+def strategies(chunked_loss_ok: bool, tiled_mlp_ok: bool = False, tiled_norms_ok: bool = False,
+               sharded: bool = False) -> list[tuple[str, Overrides]]:
     """Every (name, overrides) in order of preference; ``sharded``: as planned under fsdp,
     whose host offload (CPUOffloadPolicy) moves a QLoRA run's shards too."""
     ordered = []
@@ -99,7 +101,8 @@ def strategies(chunked_loss_ok: bool, tiled_mlp_ok: bool = False, sharded: bool 
         kind = overrides["adapter.kind"]
         state_offload_ok = (kind == "none" or (sharded and kind == "qlora")) and not overrides[
             "optimizer.layerwise"]
-        for suffix, memory in levels(state_offload_ok, chunked_loss_ok, tiled_mlp_ok):
+        for suffix, memory in levels(state_offload_ok, chunked_loss_ok, tiled_mlp_ok,
+                                     tiled_norms_ok):
             ordered.append((method + suffix, {**overrides, **memory}))
     return ordered
 

@@ -35,6 +35,7 @@ from memfit.techniques.specs import (
     pure_bf16,
     quantized_base,
     tiled_mlp,
+    tiled_norms,
 )
 from memfit.techniques.specs.frozen_in_compute_dtype import frozen_storage_dtype
 from memfit.techniques.specs.pure_bf16 import planned_weights_dtype
@@ -50,6 +51,7 @@ TECHNIQUES: tuple[TechniqueSpec, ...] = (
     checkpointing.SPEC,
     activation_offload.SPEC,  # marks memory.offload_blocks' blocks, before PEFT renames them
     tiled_mlp.SPEC,
+    tiled_norms.SPEC,
     adapters.SPEC,
     freeze_embeddings.SPEC,
     quantized_base.SPEC,

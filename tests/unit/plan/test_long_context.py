@@ -49,7 +49,8 @@ def base(tmp_path_factory):
 
 
 def long_config(base, tiled: bool):
-    tiling = {"tiled_mlp": True, "mlp_chunk_tokens": 1024} if tiled else {}
+    tiling = ({"tiled_mlp": True, "mlp_chunk_tokens": 1024, "tiled_norms": True,
+               "norm_chunk_tokens": 1024} if tiled else {})
     return config_for(base, {"memory": {"gradient_checkpointing": True, "chunked_loss": True,
                                         "loss_chunk_tokens": 1024, **tiling},
                              "train": {"micro_batch_size": 1}})

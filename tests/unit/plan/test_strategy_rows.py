@@ -37,11 +37,11 @@ def test_the_methods_are_the_specs_declared_ones_in_the_documented_order():
 
 
 def test_each_level_switches_on_the_techniques_of_the_levels_up_to_it():
-    rows = dict(strategies(chunked_loss_ok=True, tiled_mlp_ok=True))
+    rows = dict(strategies(chunked_loss_ok=True, tiled_mlp_ok=True, tiled_norms_ok=True))
     switched = {level: {spec.row_reset[0] for spec in TECHNIQUES if spec.level == level}
                 for level in ("+ckpt", "+offload")}
     assert switched == {"+ckpt": {"memory.gradient_checkpointing", "memory.chunked_loss",
-                                  "memory.tiled_mlp"},
+                                  "memory.tiled_mlp", "memory.tiled_norms"},
                         "+offload": {"memory.activation_offload", "memory.optimizer_offload"}}
     for key in switched["+ckpt"] | switched["+offload"]:
         assert rows["full-adamw"][key] is False

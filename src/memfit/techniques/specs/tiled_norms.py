@@ -1,0 +1,32 @@
+"""Tiled norms (memory.tiled_norms): techniques/tiled_norms.py."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from memfit.config.ignored import Rule
+from memfit.config.schema import Config
+from memfit.techniques import tiled_norms
+from memfit.techniques.specs.spec import Setting, TechniqueSpec
+
+
+def apply(model: nn.Module, setting: Setting) -> nn.Module:
+    return tiled_norms.apply(model, setting.config.memory.norm_chunk_tokens)
+
+
+def check_applied(model: nn.Module, config: Config) -> list[str]:
+    tiled_norms.check_applied(model)
+    return []
+
+
+SPEC = TechniqueSpec(
+    name="tiled norms",
+    docs_row=("sequence-tiled RMSNorm / LayerNorm (the norm keeps its input, not an fp32 "
+              "copy; one chunk's fp32 work at a time, recomputed in backward)"),
+    keys=("memory.tiled_norms", "memory.norm_chunk_tokens"),
+    stage="model", enabled=lambda config: config.memory.tiled_norms,
+    plan="traced: the norms run chunk by chunk on the fake tensors, as in training",
+    apply=apply, check_applied=check_applied, plan_apply=apply,
+    row_reset=("memory.tiled_norms",), level="+ckpt",
+    ignored=(Rule(("memory.norm_chunk_tokens",), lambda c: not c.memory.tiled_norms,
+                  lambda c: "it applies with memory.tiled_norms=true"),))
