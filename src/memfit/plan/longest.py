@@ -2,7 +2,7 @@
 of ``--devices`` devices at the configured micro-batch, and the strategy that reaches it.
 
 Candidates: the config as given, and each method of the ladder at its most frugal level
-(``+offload``: checkpointing, chunked loss, tiled MLP, activations and, where it can,
+(``+offload``: checkpointing, chunked loss, tiled MLP and norms, activations and, where it can,
 optimizer state in host memory), which never needs more device bytes than that method's
 other levels. Over several devices, each method sharded (fsdp: the weights, gradients
 and state divided, which a long sequence's replicas under ddp are not) and sharded with

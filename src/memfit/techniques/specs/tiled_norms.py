@@ -29,4 +29,7 @@ SPEC = TechniqueSpec(
     apply=apply, check_applied=check_applied, plan_apply=apply,
     row_reset=("memory.tiled_norms",), level="+ckpt",
     ignored=(Rule(("memory.norm_chunk_tokens",), lambda c: not c.memory.tiled_norms,
-                  lambda c: "it applies with memory.tiled_norms=true"),))
+                  lambda c: "it applies with memory.tiled_norms=true"),),
+    # bf16 autocast, as long sequences train: the untiled norms' fp32 copies are what goes.
+    plan_case={"optimizer": {"name": "adamw"}, "precision": "bf16",
+               "memory": {"tiled_norms": True, "norm_chunk_tokens": 32}})
