@@ -42,7 +42,6 @@ from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_name
 from memfit.models.rope import with_rope_scaling
 from memfit.plan.pretrained_on_meta import from_pretrained_on_meta
 from memfit.techniques import registry
-from memfit.techniques.precision import AUTOCAST_DTYPES
 from memfit.techniques.quantize_stand_in import QuantizedLinear
 
 
@@ -113,12 +112,11 @@ def build(config: Config, layers: int | None = None, device: str = "cuda") -> Me
         depth_used = depth(base_config)
     model.to(registry.planned_weights_dtype(config))
     model = registry.plan_apply(model, registry.setting(model, config, is_transformers, device))
-    _as_peft_quantized_layers(model, cuda_autocast=device != "cpu"
-                              and config.precision in AUTOCAST_DTYPES)
+    _as_peft_quantized_layers(model)
     return MetaModel(model, is_transformers, depth_used)
 
 
-def _as_peft_quantized_layers(model: nn.Module, cuda_autocast: bool) -> None:
+def _as_peft_quantized_layers(model: nn.Module) -> None:
     """Give each LoRA wrapper around a quantized stand-in the forward of the PEFT class
     that wraps the bitsandbytes layer in training (``peft.tuners.lora.bnb``): PEFT
     dispatches on the base layer's type, which the stand-in is not. Their forward differs
@@ -127,12 +125,9 @@ def _as_peft_quantized_layers(model: nn.Module, cuda_autocast: bool) -> None:
     base output's dtype when ``torch.is_autocast_enabled()`` (CUDA's flag) is off, as it is
     under CPU autocast. Under bf16 autocast with an fp32 residual stream each is one more
     fp32 copy of a layer's output (a 2-layer Phi-3 planned 4.8% below the tracker without
-    them). The trace runs under CPU autocast; ``cuda_autocast`` (a CUDA plan under
-    autocast): the adapters take their input as CUDA training gives it to them, uncast,
-    so each adapted projection's bf16 input is not copied for its ``lora_A`` (Llama-3.1-8B
-    QLoRA: four ``[tokens, 4,096]`` copies per block, 32 KB a token, were planned that
-    CUDA does not make). Both classes lay out their state as PEFT's ``lora.Linear``, so
-    changing the class is enough."""
+    them). The trace runs under CPU autocast, so a CUDA plan counts the casts CUDA
+    autocast skips: above the need there, not below. Both classes lay out their state as
+    PEFT's ``lora.Linear``, so changing the class is enough."""
     wrapped = [module for module in model.modules()
                if isinstance(getattr(module, "base_layer", None), QuantizedLinear)]
     if not wrapped:  # importing PEFT's bitsandbytes module imports bitsandbytes: only if needed
@@ -148,9 +143,6 @@ def _as_peft_quantized_layers(model: nn.Module, cuda_autocast: bool) -> None:
             wrapper = getattr(peft_bnb, name, None)
             if wrapper is not None:
                 module.__class__ = wrapper
-        # PEFT's own switch for the cast (BaseTunerLayer._cast_input_dtype); the output's
-        # conversion back is a no-op: lora_B's output is in the autocast dtype already.
-        module.cast_input_dtype_enabled = not cuda_autocast
 
 
 def _with_layers(transformers_config, layers: int | None):

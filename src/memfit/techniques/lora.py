@@ -193,11 +193,13 @@ def resolve_trainable_modules(model: nn.Module, patterns: tuple[str, ...]) -> li
 
 
 def apply(model: nn.Module, config: AdapterConfig,
-          classifier_head: Sequence[str] = (), sequence_classifier: bool = True) -> nn.Module:
+          classifier_head: Sequence[str] = (), sequence_classifier: bool = True,
+          autocast: bool = False) -> nn.Module:
     """Wrap ``model`` in a PEFT model with LoRA (or DoRA) on the resolved targets.
     ``classifier_head``: a classifier's new head (top-level module names); a sequence
     classifier's is saved with PEFT's ``task_type=SEQ_CLS``, any other's (an image
-    classifier: PEFT's SEQ_CLS model takes token inputs) as ``modules_to_save``."""
+    classifier: PEFT's SEQ_CLS model takes token inputs) as ``modules_to_save``.
+    ``autocast``: training runs under bf16/fp16 autocast (``uncast_inputs``)."""
     from peft import LoraConfig, get_peft_model
 
     from memfit.techniques import lora_layers
@@ -240,7 +242,23 @@ def apply(model: nn.Module, config: AdapterConfig,
         # loading): loaded, it is a PeftModelForCausalLM, as AutoPeftModelForCausalLM
         # expects; training keeps the plain wrapper's forward, as it always has.
         adapted.peft_config[adapted.active_adapter].task_type = "CAUSAL_LM"
+    if autocast:
+        uncast_inputs(adapted)
     return adapted
+
+
+def uncast_inputs(model: nn.Module) -> None:
+    """Under autocast, adapters take their input as it comes. PEFT casts it to the
+    adapters' fp32 first, and autocast casts that back for the matmul, so each adapted
+    projection made an fp32 ``[tokens, in]`` temporary and saved a copy of its input for
+    backward (Llama's q, k and v: three copies of one input; uncast they share it).
+    Exact: bf16 -> fp32 -> bf16 is the identity, and autocast computes the matmul in its
+    dtype either way. DoRA layers keep the cast (their variant's forward is PEFT's)."""
+    from peft.tuners.lora import LoraLayer
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer) and not module.lora_variant:
+            module.cast_input_dtype_enabled = False  # PEFT's switch (_cast_input_dtype)
 
 
 def peft_target_modules(targets: Sequence[str], names: Sequence[str]) -> list[str] | str:

@@ -179,7 +179,9 @@ class FusedPartsLinear(FusedParts):
     def forward(self, x: Tensor, *args, **kwargs) -> Tensor:
         result = self.base_layer(x, *args, **kwargs)  # (..., width)
         for adapter in self._adapting():
-            x_in = self.lora_dropout[adapter](x.to(self._factor_dtype(adapter)))
+            # PEFT's cast, so that uncast_inputs (lora.py) reaches these layers too
+            x_in = self.lora_dropout[adapter](
+                self._cast_input_dtype(x, self._factor_dtype(adapter)))
             for part, (start, stop) in self.rows.items():
                 update = self.lora_B[adapter][part](self.lora_A[adapter][part](x_in))
                 # (..., stop - start) into its rows; the other rows are the base's output

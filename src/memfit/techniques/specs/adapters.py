@@ -8,6 +8,7 @@ from memfit.config.choices import CLASSIFYING_TASKS
 from memfit.config.schema import AdapterKind, Config, Task
 from memfit.models.classifier import head_names
 from memfit.techniques import lora
+from memfit.techniques.precision import AUTOCAST_DTYPES
 from memfit.techniques.specs.spec import Setting, TechniqueSpec
 
 
@@ -19,7 +20,8 @@ def apply(model: nn.Module, setting: Setting) -> nn.Module:
     task = setting.config.model.task
     return lora.apply(model, setting.config.adapter,
                       classifier_head=head_names(model) if task in CLASSIFYING_TASKS else (),
-                      sequence_classifier=task is Task.SEQUENCE_CLASSIFICATION)
+                      sequence_classifier=task is Task.SEQUENCE_CLASSIFICATION,
+                      autocast=setting.config.precision in AUTOCAST_DTYPES)
 
 
 def check_applied(model: nn.Module, config: Config) -> list[str]:
