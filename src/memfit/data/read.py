@@ -15,12 +15,13 @@ import contextlib
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import datasets
+from typing import TYPE_CHECKING, Any
 
 from memfit._utils.errors import DataError
 from memfit.data.text_checks import check_utf8, json_problem
+
+if TYPE_CHECKING:
+    import datasets
 
 # File extension -> the `datasets` builder that reads it. ".npz"/".pt" are tensors
 # (see tensors.py) and never go through `datasets`.
@@ -149,6 +150,8 @@ def _datasets_quiet() -> Iterator[None]:
     # `datasets` draws "Generating train split" bars and logs "Failed to read file ..." on
     # stderr, where the CLI promises exactly one line for a bad-input error (the DataError
     # says what failed); reading local files is quick anyway.
+    import datasets  # ~1 s (pandas, pyarrow): only when rows are read
+
     already_off = datasets.are_progress_bars_disabled()
     verbosity = datasets.logging.get_verbosity()
     datasets.disable_progress_bars()
@@ -162,6 +165,8 @@ def _datasets_quiet() -> Iterator[None]:
 
 
 def _read_one(file: str, txt_field: str) -> datasets.Dataset:
+    import datasets  # ~1 s (pandas, pyarrow): only when rows are read
+
     if os.path.isdir(file):
         return _load_saved(file)
     builder = ROW_BUILDERS[_extension(file)]
@@ -188,6 +193,8 @@ def _read_one(file: str, txt_field: str) -> datasets.Dataset:
 
 
 def _load_saved(folder: str) -> datasets.Dataset:
+    import datasets  # ~1 s (pandas, pyarrow): only when rows are read
+
     try:
         loaded = datasets.load_from_disk(folder)
     except Exception as error:  # a damaged folder is the user's to fix

@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# model.preset naming the demo's pretrained base (``assets/base/``)
+DEMO_BASE = "demo-base"
+
 
 def demo_assets_dir() -> Path:
     """The folder holding ``corpus.txt``, ``instructions.jsonl`` and ``base/``."""

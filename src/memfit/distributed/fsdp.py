@@ -23,20 +23,19 @@ gradients and optimizer state are sharded along dim 0 across the processes.
 
 from __future__ import annotations
 
+import sys
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import (
-    CPUOffloadPolicy,
-    FSDPModule,
-    MixedPrecisionPolicy,
-    OffloadPolicy,
-    fully_shard,
-)
 
 from memfit.config.schema import Precision
-from memfit.distributed.host_offload import count_shards_as_host
 from memfit.distributed.process_group import world_size
+
+# torch.distributed.fsdp imports DTensor (~1 s, sympy): imported when a model is sharded
+if TYPE_CHECKING:
+    from torch.distributed.fsdp import MixedPrecisionPolicy
 
 _GATHER_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 
@@ -44,6 +43,8 @@ _GATHER_DTYPES = {Precision.BF16: torch.bfloat16, Precision.FP16: torch.float16}
 def mixed_precision(precision: Precision) -> MixedPrecisionPolicy:
     """bf16/fp16 autocast: gather weights in that dtype, reduce gradients in fp32.
     fp32 and bf16-pure (already bf16 weights): gather the weights as stored."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     gather = _GATHER_DTYPES.get(precision)
     return MixedPrecisionPolicy(param_dtype=gather,
                                 reduce_dtype=torch.float32 if gather is not None else None)
@@ -55,6 +56,10 @@ def shard(model: nn.Module, blocks: list[nn.Module], precision: Precision,
     root. Parameters move to ``device`` as they are sharded, or stay in host memory with
     ``host_offload``. A quantized base must be in its packed form already
     (``techniques.quantized_shards``, which the fsdp strategy spec applies)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, OffloadPolicy, fully_shard
+
+    from memfit.distributed.host_offload import count_shards_as_host
+
     mesh = init_device_mesh(device.type, (world_size(),))
     options = {"mesh": mesh, "mp_policy": mixed_precision(precision),
                "offload_policy": (CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
@@ -73,4 +78,6 @@ def shard(model: nn.Module, blocks: list[nn.Module], precision: Precision,
 
 
 def is_sharded(model: nn.Module) -> bool:
-    return isinstance(model, FSDPModule)
+    # if torch.distributed.fsdp was never imported, no module is an FSDPModule
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    return fsdp is not None and isinstance(model, fsdp.FSDPModule)

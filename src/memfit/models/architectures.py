@@ -9,21 +9,26 @@ fit the machine; ``memfit plan`` builds them on the meta device and allocates no
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from transformers import (
-    Gemma2Config,
-    GPT2Config,
-    LlamaConfig,
-    MistralConfig,
-    Phi3Config,
-    PretrainedConfig,
-    Qwen2Config,
-)
+# Each builder imports its config class when called: transformers takes ~2.5 s to import
+if TYPE_CHECKING:
+    from transformers import (
+        Gemma2Config,
+        GPT2Config,
+        LlamaConfig,
+        MistralConfig,
+        Phi3Config,
+        PretrainedConfig,
+        Qwen2Config,
+    )
 
 
 def _llama(vocab: int, hidden: int, intermediate: int, layers: int, heads: int,
            kv_heads: int, positions: int) -> Callable[[], LlamaConfig]:
     def build() -> LlamaConfig:
+        from transformers import LlamaConfig
+
         return LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
                            num_hidden_layers=layers, num_attention_heads=heads,
                            num_key_value_heads=kv_heads, max_position_embeddings=positions,
@@ -33,6 +38,8 @@ def _llama(vocab: int, hidden: int, intermediate: int, layers: int, heads: int,
 
 def mistral_7b() -> MistralConfig:
     """Mistral-7B-v0.1: grouped-query attention (8 KV heads), 4096-token sliding window."""
+    from transformers import MistralConfig
+
     return MistralConfig(vocab_size=32000, hidden_size=4096, intermediate_size=14336,
                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
                          max_position_embeddings=32768, sliding_window=4096,
@@ -41,6 +48,8 @@ def mistral_7b() -> MistralConfig:
 
 def qwen2_5_7b() -> Qwen2Config:
     """Qwen2.5-7B: biased q/k/v projections, 152k vocabulary, 4 KV heads."""
+    from transformers import Qwen2Config
+
     return Qwen2Config(vocab_size=152064, hidden_size=3584, intermediate_size=18944,
                        num_hidden_layers=28, num_attention_heads=28, num_key_value_heads=4,
                        max_position_embeddings=32768, tie_word_embeddings=False)
@@ -49,6 +58,8 @@ def qwen2_5_7b() -> Qwen2Config:
 def gemma_2_9b() -> Gemma2Config:
     """Gemma-2-9B: 256k tied vocabulary, head_dim 256, logit soft-capping (which makes
     transformers use eager attention, storing the attention probabilities)."""
+    from transformers import Gemma2Config
+
     return Gemma2Config(vocab_size=256000, hidden_size=3584, intermediate_size=14336,
                         num_hidden_layers=42, num_attention_heads=16, num_key_value_heads=8,
                         head_dim=256, max_position_embeddings=8192, sliding_window=4096,
@@ -58,6 +69,8 @@ def gemma_2_9b() -> Gemma2Config:
 
 def phi_3_mini() -> Phi3Config:
     """Phi-3-mini-4k: fused qkv and gate/up projections, 3.8B parameters."""
+    from transformers import Phi3Config
+
     return Phi3Config(vocab_size=32064, hidden_size=3072, intermediate_size=8192,
                       num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
                       max_position_embeddings=4096, tie_word_embeddings=False,
@@ -66,6 +79,8 @@ def phi_3_mini() -> Phi3Config:
 
 def gpt2() -> GPT2Config:
     """GPT-2 small (124M): learned positions, tied 50257-token embedding."""
+    from transformers import GPT2Config
+
     return GPT2Config(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)
 
 

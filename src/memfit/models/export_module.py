@@ -9,6 +9,7 @@ load with transformers and PEFT alone, without the wrapper or memfit.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 
 from torch import nn
@@ -19,9 +20,9 @@ from memfit._utils.errors import ModelError
 def plain_module(model: nn.Module) -> nn.Module:
     """The factory's module: ``model`` itself, or the one a PEFT model wraps (with its
     adapter layers injected in place)."""
-    from peft import PeftModel
-
-    return model.get_base_model() if isinstance(model, PeftModel) else model
+    # peft imports bitsandbytes (~3 s): if it was never imported, no model is a PeftModel
+    peft = sys.modules.get("peft")
+    return model.get_base_model() if peft and isinstance(model, peft.PeftModel) else model
 
 
 def module_name(root: nn.Module, module: nn.Module) -> str:

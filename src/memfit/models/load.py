@@ -29,6 +29,7 @@ from memfit._utils.errors import MemfitWarning, ModelError, first_line
 from memfit.config.choices import RopeScaling
 from memfit.config.rope import RopeScalingConfig
 from memfit.config.schema import ImagesConfig, ModelConfig, ModelDtype, Task
+from memfit.demo import DEMO_BASE
 from memfit.models.classifier import head_names, label_arguments
 from memfit.models.folder_checks import check_config_json, check_weight_files
 from memfit.models.gguf import gguf_config, gguf_file, gguf_tokenizer, load_gguf_model
@@ -37,7 +38,7 @@ from memfit.models.image_classifier import (
     check_image_config,
     load_image_classifier,
 )
-from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
+from memfit.models.presets import IMAGE_PRESETS, PRESETS, preset_names
 from memfit.models.rope import rope_arguments, with_rope_scaling
 from memfit.models.tokenizers import byte_level_tokenizer
 

@@ -8,20 +8,23 @@ caller (on the meta device for planning, or for real for training).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from transformers import LlamaConfig, PretrainedConfig
-
+from memfit.demo import DEMO_BASE
 from memfit.models.architectures import ARCHITECTURES
 from memfit.models.autoencoders import IMAGE_PRESETS
 from memfit.models.image_classifier import CLASSIFIER_PRESETS
 from memfit.models.tokenizers import BYTE_VOCAB_SIZE
 
-DEMO_BASE = "demo-base"
+if TYPE_CHECKING:
+    from transformers import LlamaConfig, PretrainedConfig
 
 
 def tiny_llama() -> LlamaConfig:
     """Llama architecture small enough for a training step in well under a second on CPU:
     hidden 64, 2 layers, 4 heads (2 KV heads), byte-level vocabulary (~0.1M parameters)."""
+    from transformers import LlamaConfig  # ~2.5 s: only when a preset is built
+
     return LlamaConfig(
         vocab_size=BYTE_VOCAB_SIZE,
         hidden_size=64,

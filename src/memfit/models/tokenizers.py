@@ -19,9 +19,13 @@ every assistant turn.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import tokenizers
 from tokenizers import decoders, models, pre_tokenizers
-from transformers import PreTrainedTokenizerFast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
 
 PAD_TOKEN = "<pad>"
 BOS_TOKEN = "<s>"
@@ -80,6 +84,8 @@ def as_transformers_tokenizer(backend: tokenizers.Tokenizer,
         found = backend.token_to_id(token)
         if found != token_id:
             raise ValueError(f"tokenizer must map {token!r} to id {token_id}, not {found}")
+    from transformers import PreTrainedTokenizerFast  # ~1 s: only when a tokenizer is made
+
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,

@@ -19,9 +19,9 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
-from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
 from memfit._utils.errors import ConfigError
+from memfit.distributed.fsdp import is_sharded
 from memfit.models.export_module import plain_module
 from memfit.models.packed import causal_lm_inputs
 
@@ -86,9 +86,11 @@ def through_root(model: nn.Module, loss: Callable[..., torch.Tensor], *args: Any
     without it the weights the root holds (embeddings, final norm, output layer) stay
     sharded and their gradients unreduced; the root's hooks gather them and register
     the reduce-scatter."""
-    if not isinstance(model, FSDPModule):
+    if not is_sharded(model):
         return loss(model, *args)
     if _FSDP_FORWARD not in vars(model):
+        from torch.distributed.fsdp import register_fsdp_forward_method  # imported by sharding
+
         setattr(model, _FSDP_FORWARD, functools.partial(_call, model))
         register_fsdp_forward_method(model, _FSDP_FORWARD)
     return getattr(model, _FSDP_FORWARD)(loss, *args)

@@ -23,8 +23,8 @@ from torch import nn
 
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import AdapterConfig, BaseQuantization, Config, Precision
+from memfit.demo import DEMO_BASE
 from memfit.models.gguf import gguf_file
-from memfit.models.presets import DEMO_BASE
 
 COMPUTE_DTYPES = {Precision.FP32: torch.float32, Precision.BF16: torch.bfloat16,
                   Precision.FP16: torch.float16, Precision.BF16_PURE: torch.bfloat16}

@@ -41,7 +41,6 @@ from memfit.monitor.memory import (
     make_memory_meter,
     record_key,
 )
-from memfit.monitor.memory_plot import plot_memory
 from memfit.monitor.metrics import MetricsLogger, read_metrics, strict_json
 from memfit.monitor.progress import ProgressBar
 from memfit.techniques.adapter_map import original_parameter_count
@@ -308,6 +307,8 @@ def _train_in(run: Run, run_dir: Path, state: TrainerState, resumed_from: int | 
     records = read_metrics(run_dir)
     measured = [r for r in records if RECORD_PEAK_KEY in r]
     if measured:
+        from memfit.monitor.memory_plot import plot_memory  # matplotlib (~0.5 s): rank 0 only
+
         plot_memory(measured, run_dir / "memory.png")
     has_adapter = config.adapter.kind is not AdapterKind.NONE
     exported = export_trained(run_dir, run.model, run.tokenizer, has_adapter, run.is_transformers,
