@@ -64,14 +64,15 @@ def hf_config(config: Config):
 
 
 def _source_config(config: Config):
-    """The transformers config model.path / model.preset names, as it is there."""
-    from transformers import AutoConfig
-
+    """The transformers config model.path / model.preset names, as it is there; None
+    (transformers not imported) for a plain nn.Module: a factory's or an image preset."""
     model = config.model
     if model.preset in IMAGE_PRESETS or model.preset in CLASSIFIER_PRESETS:
         return None  # a plain nn.Module preset, built like a factory model
     if model.preset:
         if model.preset == DEMO_BASE:
+            from transformers import AutoConfig
+
             from memfit.demo import demo_assets_dir
 
             return AutoConfig.from_pretrained(demo_assets_dir() / "base")

@@ -167,8 +167,7 @@ def split_sequences(model: nn.Module, config: Config
 
 
 def build_run(config: Config) -> Run:
-    if config.model.factory is None:  # a factory has no context; reading one imports transformers
-        check_max_length(config)
+    check_max_length(config)
     seed_everything(config.train.seed)
     config = with_classes(config)
     loaded = load_base(config)
