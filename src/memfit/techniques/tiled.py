@@ -146,8 +146,18 @@ def tile_or_refuse(model: nn.Module, modules: list[nn.Module], chunk_tokens: int
         classes = sorted({type(m).__name__ for name, m in model.named_modules() if name})
         raise ConfigError(f"{key}=true but no module of this model has a class name ending "
                           f"in {names} (classes here: {', '.join(classes)}); set {key}=false")
+    _without_hub_kernels(model)
     tile(modules, chunk_tokens)
     return model
+
+
+def _without_hub_kernels(model: nn.Module) -> None:
+    """Switch off transformers' kernelization (models/torch_forwards.py) in any model inside
+    ``model``, e.g. one a factory loaded itself: it would drop the tiled forwards at the
+    next train() / eval(). Switching it off restores the torch forwards, so it comes first."""
+    for module in model.modules():
+        if getattr(module, "use_kernels", False):
+            module.use_kernels = False
 
 
 def check_tiled(modules: list[nn.Module], key: str, what: str) -> None:

@@ -96,7 +96,8 @@ def test_bad_values_of_the_keys_are_named(override, message):
 def test_norms_of_a_loaded_model_stay_tiled_through_train_and_eval(tmp_path):
     """transformers 5 kernelizes what it loads (the kernels package is one of its
     dependencies) and redoes it on train() / eval(), dropping forwards set on Llama's
-    RMSNorm instances; memfit loads with its own forwards (models/torch_forwards.py)."""
+    RMSNorm instances; memfit loads with its own forwards (models/torch_forwards.py), and
+    tiling switches kernelization off in a model loaded elsewhere (a factory's)."""
     from memfit.config.schema import ModelConfig
     from memfit.models.load import load_model
     from memfit.models.tokenizers import BYTE_VOCAB_SIZE, byte_level_tokenizer
@@ -106,9 +107,11 @@ def test_norms_of_a_loaded_model_stay_tiled_through_train_and_eval(tmp_path):
         vocab_size=BYTE_VOCAB_SIZE, hidden_size=32, intermediate_size=96, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2)).save_pretrained(tmp_path / "llama")
     byte_level_tokenizer().save_pretrained(tmp_path / "llama")
-    model = load_model(ModelConfig(path=str(tmp_path / "llama"))).model
-    tiled_norms.apply(model, chunk_tokens=8)
-    model.train()
-    model.eval()
-    model.train()
-    assert tiled_norms.tiled_modules(model) == 5
+    for model in (load_model(ModelConfig(path=str(tmp_path / "llama"))).model,
+                  # as a factory might load it, kernelized (tiling switches that off)
+                  AutoModelForCausalLM.from_pretrained(tmp_path / "llama")):
+        tiled_norms.apply(model, chunk_tokens=8)
+        model.train()
+        model.eval()
+        model.train()
+        assert tiled_norms.tiled_modules(model) == 5
