@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import MemfitWarning, ModelError, first_line
-from memfit.models.torch_forwards import TORCH_FORWARDS
+from memfit.models.torch_forwards import torch_forwards
 
 SUFFIX = ".gguf"
 WEIGHT_PATTERNS = ("*.safetensors", "*.bin")  # a folder with these is a Hugging Face folder
@@ -164,7 +164,7 @@ def load_gguf_model(file: Path, auto_class: Any, dtype: torch.dtype,
         with _quiet_dequantizing():
             model = auto_class.from_pretrained(**_gguf_arguments(file), dtype=dtype,
                                                **_dequantized(), **config_overrides,
-                                               **TORCH_FORWARDS)
+                                               **torch_forwards())
     except (OSError, ValueError, KeyError, NotImplementedError, RuntimeError) as error:
         # RuntimeError: weights whose shapes differ from those the metadata describes
         raise ModelError(f"model.path={file}: transformers cannot load this GGUF file "

@@ -21,7 +21,7 @@ from torch import nn
 from memfit._utils.errors import MemfitWarning, ModelError
 from memfit.models.autoencoders import ConvBlock
 from memfit.models.classifier import head_names, label_arguments
-from memfit.models.torch_forwards import TORCH_FORWARDS
+from memfit.models.torch_forwards import torch_forwards
 
 
 class ConvFeatures(nn.Module):
@@ -85,7 +85,7 @@ def load_image_classifier(folder: Path, labels: Sequence[str], dtype: torch.dtyp
         model, loading = AutoModelForImageClassification.from_pretrained(
             folder, dtype=dtype, quantization_config=quantization_config,
             output_loading_info=True, ignore_mismatched_sizes=True, **label_arguments(labels),
-            **TORCH_FORWARDS)
+            **torch_forwards())
     finally:
         transformers_logging.set_verbosity(verbosity)
     head = set(head_names(model))

@@ -41,7 +41,7 @@ from memfit.models.image_classifier import (
 from memfit.models.presets import IMAGE_PRESETS, PRESETS, preset_names
 from memfit.models.rope import rope_arguments, with_rope_scaling
 from memfit.models.tokenizers import byte_level_tokenizer
-from memfit.models.torch_forwards import TORCH_FORWARDS
+from memfit.models.torch_forwards import torch_forwards
 
 TORCH_DTYPES = {
     ModelDtype.FLOAT32: torch.float32,
@@ -177,7 +177,7 @@ def _from_folder(folder: Path, task: Task, dtype: torch.dtype, quantization_conf
         else:
             model = _auto_class(task).from_pretrained(folder, dtype=dtype,
                                                       quantization_config=quantization_config,
-                                                      **scaled, **TORCH_FORWARDS)
+                                                      **scaled, **torch_forwards())
     except (OSError, ValueError, SafetensorError) as error:
         raise ModelError(f"model.path={folder}: cannot load the model "
                          f"({first_line(error)})") from None
@@ -206,7 +206,7 @@ def _load_classifier(folder: Path, labels: tuple[str, ...], dtype: torch.dtype,
     try:
         model, loading = AutoModelForSequenceClassification.from_pretrained(
             folder, dtype=dtype, quantization_config=quantization_config,
-            output_loading_info=True, **label_arguments(labels), **scaled, **TORCH_FORWARDS)
+            output_loading_info=True, **label_arguments(labels), **scaled, **torch_forwards())
     finally:
         transformers_logging.set_verbosity(verbosity)
     head = set(head_names(model))
