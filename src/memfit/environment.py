@@ -101,8 +101,11 @@ def _cpu_bf16_autocast() -> None:
 
 
 def _presets() -> str:
-    from memfit.models.presets import preset_names
+    from memfit.models.presets import PRESETS, preset_names
 
+    # The language presets import transformers only when one is built (and transformers
+    # may import a broken torchvision): build one, so that this row says when they cannot.
+    PRESETS["tiny-llama"]()
     return ", ".join(preset_names())
 
 
