@@ -35,10 +35,11 @@ from torch import nn
 from memfit._utils.errors import ModelError
 from memfit.config.choices import CLASSIFYING_TASKS
 from memfit.config.schema import Config, Task
+from memfit.demo import DEMO_BASE
 from memfit.models.classifier import label_arguments, with_classes
 from memfit.models.image_classifier import CLASSIFIER_PRESETS
 from memfit.models.load import build_image_preset, import_object, path_config
-from memfit.models.presets import DEMO_BASE, IMAGE_PRESETS, PRESETS, preset_names
+from memfit.models.presets import IMAGE_PRESETS, PRESETS, preset_names
 from memfit.models.rope import with_rope_scaling
 from memfit.plan.pretrained_on_meta import from_pretrained_on_meta
 from memfit.techniques import registry

@@ -39,8 +39,10 @@ from memfit.plan.search import with_fitted
 from memfit.plan.sequence_rows import split_rows, widest_split
 from memfit.plan.step_time import StepTime, step_time
 from memfit.plan.strategies import Overrides, strategies, with_overrides
-from memfit.techniques import chunked_loss, tiled_mlp, tiled_norms
+from memfit.techniques import chunked_loss
 from memfit.techniques.distribution import strategy_for
+from memfit.techniques.tiled_mlp import MLPS
+from memfit.techniques.tiled_norms import NORMS
 
 
 @dataclass(frozen=True)
@@ -265,8 +267,7 @@ def long_sequence_techniques_ok(config: Config) -> tuple[bool, bool, bool]:
         chunked_loss_ok = True
     except ConfigError:
         chunked_loss_ok = False  # e.g. Gemma-2's final logit soft-capping
-    return (chunked_loss_ok, bool(tiled_mlp.mlp_modules(model)),
-            bool(tiled_norms.norm_modules(model)))
+    return chunked_loss_ok, bool(MLPS.modules(model)), bool(NORMS.modules(model))
 
 
 def as_config(config: Config | dict[str, Any] | str | Path) -> Config:

@@ -19,7 +19,7 @@ not change; a micro-batch of at most ``chunk_tokens`` tokens runs untiled.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -113,42 +113,54 @@ def _chunks(hidden: torch.Tensor, chunk_tokens: int):
         yield start, flat[start:start + chunk_tokens].unsqueeze(0)
 
 
-def tile(modules: Iterable[nn.Module], chunk_tokens: int) -> None:
-    """Run each of ``modules`` tiled (again: a no-op)."""
-    for module in modules:
-        if not runs_tiled(module):
-            module.forward = TiledForward(module, chunk_tokens)
+@dataclass(frozen=True)
+class Tiling:
+    """Which modules one technique tiles: the outermost whose class name ends in one of
+    ``suffixes`` (lower case); ``key`` switches it on, ``named`` and ``what`` word its
+    refusals."""
+
+    key: str  # memory.tiled_mlp
+    suffixes: tuple[str, ...]  # ("mlp",)
+    named: str  # "MLP": the class-name ending, in the refusal
+    what: str  # "MLP": one such module, in the "did it apply?" refusal
+
+    def modules(self, model: nn.Module) -> list[nn.Module]:
+        chosen: list[str] = []
+        found: list[nn.Module] = []
+        for name, module in model.named_modules():
+            if any(name.startswith(outer + ".") for outer in chosen):
+                continue
+            if type(module).__name__.lower().endswith(self.suffixes):
+                chosen.append(name)
+                found.append(module)
+        return found
+
+    def apply(self, model: nn.Module, chunk_tokens: int) -> nn.Module:
+        """Tile the modules; none: the key is refused, naming the classes the model has."""
+        modules = self.modules(model)
+        if not modules:
+            classes = sorted({type(m).__name__ for name, m in model.named_modules() if name})
+            raise ConfigError(f"{self.key}=true but no module of this model has a class name "
+                              f"ending in {self.named} (classes here: {', '.join(classes)}); "
+                              f"set {self.key}=false")
+        _without_hub_kernels(model)
+        for module in modules:
+            if not runs_tiled(module):
+                module.forward = TiledForward(module, chunk_tokens)
+        return model
+
+    def tiled(self, model: nn.Module) -> int:
+        """How many of the modules run tiled."""
+        return sum(runs_tiled(module) for module in self.modules(model))
+
+    def check_applied(self, model: nn.Module) -> None:
+        if not self.tiled(model):
+            raise ConfigError(f"{self.key}=true but no {self.what} of this model runs tiled; "
+                              f"set {self.key}=false")
 
 
 def runs_tiled(module: nn.Module) -> bool:
     return isinstance(module.__dict__.get("forward"), TiledForward)
-
-
-def outermost(model: nn.Module, suffixes: tuple[str, ...]) -> list[nn.Module]:
-    """The outermost modules whose class name ends in one of ``suffixes`` (lower case), in
-    model order."""
-    chosen: list[str] = []
-    found: list[nn.Module] = []
-    for name, module in model.named_modules():
-        if any(name.startswith(outer + ".") for outer in chosen):
-            continue
-        if type(module).__name__.lower().endswith(suffixes):
-            chosen.append(name)
-            found.append(module)
-    return found
-
-
-def tile_or_refuse(model: nn.Module, modules: list[nn.Module], chunk_tokens: int,
-                   key: str, names: str) -> nn.Module:
-    """Tile ``modules``; none (the model has no module ``names`` describes): ``key`` is
-    refused, naming the classes the model has."""
-    if not modules:
-        classes = sorted({type(m).__name__ for name, m in model.named_modules() if name})
-        raise ConfigError(f"{key}=true but no module of this model has a class name ending "
-                          f"in {names} (classes here: {', '.join(classes)}); set {key}=false")
-    _without_hub_kernels(model)
-    tile(modules, chunk_tokens)
-    return model
 
 
 def _without_hub_kernels(model: nn.Module) -> None:
@@ -158,8 +170,3 @@ def _without_hub_kernels(model: nn.Module) -> None:
     for module in model.modules():
         if getattr(module, "use_kernels", False):
             module.use_kernels = False
-
-
-def check_tiled(modules: list[nn.Module], key: str, what: str) -> None:
-    if not any(runs_tiled(module) for module in modules):
-        raise ConfigError(f"{key}=true but no {what} of this model runs tiled; set {key}=false")

@@ -8,23 +8,6 @@ Qwen2MLP, Phi3MLP, GPT2MLP, GPTNeoXMLP, ... and a factory model's own), outermos
 
 from __future__ import annotations
 
-from torch import nn
+from memfit.techniques.tiled import Tiling
 
-from memfit.techniques.tiled import check_tiled, outermost, runs_tiled, tile_or_refuse
-
-
-def mlp_modules(model: nn.Module) -> list[nn.Module]:
-    return outermost(model, ("mlp",))
-
-
-def apply(model: nn.Module, chunk_tokens: int) -> nn.Module:
-    return tile_or_refuse(model, mlp_modules(model), chunk_tokens, "memory.tiled_mlp", "MLP")
-
-
-def tiled_modules(model: nn.Module) -> int:
-    """How many MLPs run tiled."""
-    return sum(runs_tiled(module) for module in mlp_modules(model))
-
-
-def check_applied(model: nn.Module) -> None:
-    check_tiled(mlp_modules(model), "memory.tiled_mlp", "MLP")
+MLPS = Tiling(key="memory.tiled_mlp", suffixes=("mlp",), named="MLP", what="MLP")

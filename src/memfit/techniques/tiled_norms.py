@@ -16,24 +16,7 @@ outermost only. A norm inside a tiled MLP sees one chunk and runs untiled.
 
 from __future__ import annotations
 
-from torch import nn
+from memfit.techniques.tiled import Tiling
 
-from memfit.techniques.tiled import check_tiled, outermost, runs_tiled, tile_or_refuse
-
-
-def norm_modules(model: nn.Module) -> list[nn.Module]:
-    return outermost(model, ("rmsnorm", "layernorm"))
-
-
-def apply(model: nn.Module, chunk_tokens: int) -> nn.Module:
-    return tile_or_refuse(model, norm_modules(model), chunk_tokens, "memory.tiled_norms",
-                          "RMSNorm or LayerNorm")
-
-
-def tiled_modules(model: nn.Module) -> int:
-    """How many norms run tiled."""
-    return sum(runs_tiled(module) for module in norm_modules(model))
-
-
-def check_applied(model: nn.Module) -> None:
-    check_tiled(norm_modules(model), "memory.tiled_norms", "norm")
+NORMS = Tiling(key="memory.tiled_norms", suffixes=("rmsnorm", "layernorm"),
+               named="RMSNorm or LayerNorm", what="norm")

@@ -16,7 +16,8 @@ from memfit._utils.errors import ConfigError
 from memfit.config.load import build_unvalidated
 from memfit.config.schema import Config
 from memfit.plan.planner import load_plan_config
-from memfit.techniques import registry, tiled_mlp
+from memfit.techniques import registry
+from memfit.techniques.tiled_mlp import MLPS
 from memfit.techniques.training_loss import TrainingLoss
 
 SEQUENCE = 8192
@@ -63,7 +64,7 @@ def test_tiled_llama_trains_as_the_untiled_one():
         value = loss.loss_sum(model, batch)
         value.backward()
         grads = {name: p.grad for name, p in model.named_parameters() if p.requires_grad}
-        return value.detach(), grads, accumulated, tiled_mlp.tiled_modules(model)
+        return value.detach(), grads, accumulated, MLPS.tiled(model)
 
     plain, plain_grads, _, untiled = loss_and_grads(tiled=False)
     tiled, tiled_grads, accumulated, tiled_count = loss_and_grads(tiled=True)
@@ -100,7 +101,7 @@ def test_backward_recomputes_with_the_dropout_masks_of_forward():
     flat = x.reshape(-1, 8)
     expected = torch.cat([model(flat[i:i + 3].unsqueeze(0))[0] for i in range(0, 20, 3)])
     expected_grads = torch.autograd.grad(expected.square().sum(), [x, *model.parameters()])
-    tiled_mlp.apply(model, chunk_tokens=3)
+    MLPS.apply(model, chunk_tokens=3)
     torch.manual_seed(seed)
     output = model(x)
     grads = torch.autograd.grad(output.square().sum(), [x, *model.parameters()])
@@ -113,7 +114,7 @@ def test_short_inputs_run_untiled():
     model = nn.Sequential(FeedForwardMLP()).eval()
     x = torch.randn(1, 4, 8, requires_grad=True)
     expected = model(x)
-    tiled_mlp.apply(model, chunk_tokens=4)
+    MLPS.apply(model, chunk_tokens=4)
     output = model(x)
     assert torch.equal(output, expected)
     assert "TiledBackward" not in type(output.grad_fn).__name__
@@ -121,9 +122,9 @@ def test_short_inputs_run_untiled():
 
 def test_a_model_without_mlp_modules_is_refused():
     with pytest.raises(ConfigError, match="memory.tiled_mlp=true but no module"):
-        tiled_mlp.apply(nn.Sequential(nn.Linear(2, 2)), chunk_tokens=4)
+        MLPS.apply(nn.Sequential(nn.Linear(2, 2)), chunk_tokens=4)
     with pytest.raises(ConfigError, match="no MLP of this model runs tiled"):
-        tiled_mlp.check_applied(nn.Sequential(FeedForwardMLP()))
+        MLPS.check_applied(nn.Sequential(FeedForwardMLP()))
 
 
 @pytest.mark.parametrize("override, message", [

@@ -15,7 +15,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from memfit._utils.errors import ConfigError
 from memfit.plan.planner import load_plan_config
-from memfit.techniques import tiled_norms
+from memfit.techniques.tiled_norms import NORMS
 
 SEQUENCE = 4096
 
@@ -33,7 +33,7 @@ def test_tiled_norms_train_as_untiled_ones():
     def loss_and_grads(tiled: bool):
         model = copy.deepcopy(base)
         if tiled:
-            tiled_norms.apply(model, chunk_tokens=1000)  # 4 chunks + a partial one
+            NORMS.apply(model, chunk_tokens=1000)  # 4 chunks + a partial one
         accumulated: dict[str, int] = {}
         for name, parameter in model.named_parameters():
             parameter.register_post_accumulate_grad_hook(
@@ -41,7 +41,7 @@ def test_tiled_norms_train_as_untiled_ones():
         loss = model(input_ids=ids, labels=ids).loss
         loss.backward()
         grads = {name: p.grad for name, p in model.named_parameters()}
-        return loss.detach(), grads, accumulated, tiled_norms.tiled_modules(model)
+        return loss.detach(), grads, accumulated, NORMS.tiled(model)
 
     plain, plain_grads, _, untiled = loss_and_grads(tiled=False)
     tiled, tiled_grads, accumulated, count = loss_and_grads(tiled=True)
@@ -71,7 +71,7 @@ def test_a_tiled_bf16_rmsnorm_saves_only_its_input():
     norm = LlamaRMSNorm(64).to(torch.bfloat16)  # Llama's: computes in fp32
     hidden = torch.randn(1, 8192, 64, dtype=torch.bfloat16, requires_grad=True)
     untiled, _ = saved_bytes(norm, hidden)
-    tiled_norms.apply(norm, chunk_tokens=1024)
+    NORMS.apply(norm, chunk_tokens=1024)
     tiled, storages = saved_bytes(norm, hidden)
     assert storages == {hidden.data_ptr()} and tiled == hidden.nbytes
     assert untiled >= 2 * hidden.nbytes  # the fp32 copy of the input, at least
@@ -79,9 +79,9 @@ def test_a_tiled_bf16_rmsnorm_saves_only_its_input():
 
 def test_a_model_without_norms_is_refused():
     with pytest.raises(ConfigError, match="memory.tiled_norms=true but no module"):
-        tiled_norms.apply(nn.Sequential(nn.Linear(2, 2)), chunk_tokens=4)
+        NORMS.apply(nn.Sequential(nn.Linear(2, 2)), chunk_tokens=4)
     with pytest.raises(ConfigError, match="no norm of this model runs tiled"):
-        tiled_norms.check_applied(nn.Sequential(nn.LayerNorm(2)))
+        NORMS.check_applied(nn.Sequential(nn.LayerNorm(2)))
 
 
 @pytest.mark.parametrize("override, message", [
@@ -110,8 +110,8 @@ def test_norms_of_a_loaded_model_stay_tiled_through_train_and_eval(tmp_path):
     for model in (load_model(ModelConfig(path=str(tmp_path / "llama"))).model,
                   # as a factory might load it, kernelized (tiling switches that off)
                   AutoModelForCausalLM.from_pretrained(tmp_path / "llama")):
-        tiled_norms.apply(model, chunk_tokens=8)
+        NORMS.apply(model, chunk_tokens=8)
         model.train()
         model.eval()
         model.train()
-        assert tiled_norms.tiled_modules(model) == 5
+        assert NORMS.tiled(model) == 5

@@ -6,16 +6,16 @@ from torch import nn
 
 from memfit.config.ignored import Rule
 from memfit.config.schema import Config
-from memfit.techniques import tiled_mlp
 from memfit.techniques.specs.spec import Setting, TechniqueSpec
+from memfit.techniques.tiled_mlp import MLPS
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    return tiled_mlp.apply(model, setting.config.memory.mlp_chunk_tokens)
+    return MLPS.apply(model, setting.config.memory.mlp_chunk_tokens)
 
 
 def check_applied(model: nn.Module, config: Config) -> list[str]:
-    tiled_mlp.check_applied(model)
+    MLPS.check_applied(model)
     return []
 
 

@@ -6,16 +6,16 @@ from torch import nn
 
 from memfit.config.ignored import Rule
 from memfit.config.schema import Config
-from memfit.techniques import tiled_norms
 from memfit.techniques.specs.spec import Setting, TechniqueSpec
+from memfit.techniques.tiled_norms import NORMS
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    return tiled_norms.apply(model, setting.config.memory.norm_chunk_tokens)
+    return NORMS.apply(model, setting.config.memory.norm_chunk_tokens)
 
 
 def check_applied(model: nn.Module, config: Config) -> list[str]:
-    tiled_norms.check_applied(model)
+    NORMS.check_applied(model)
     return []
 
 
