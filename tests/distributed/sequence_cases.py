@@ -11,8 +11,10 @@ import yaml
 from dist_helpers import run_config
 
 STEPS = 3
+# The full cases train the tiled norms' weights too, sharded by FSDP2 in full-fsdp.
 TECHNIQUES = {"gradient_checkpointing": True, "chunked_loss": True, "loss_chunk_tokens": 16,
-              "tiled_mlp": True, "mlp_chunk_tokens": 8}
+              "tiled_mlp": True, "mlp_chunk_tokens": 8, "tiled_norms": True,
+              "norm_chunk_tokens": 8}
 CASES = {
     "lora": {"adapter": {"kind": "lora", "rank": 4}, "memory": TECHNIQUES},
     "full": {"optimizer": {"name": "adamw", "lr": 1e-3}, "memory": TECHNIQUES},

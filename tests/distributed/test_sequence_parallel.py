@@ -5,8 +5,8 @@
   and q/k/v gradients (sequence_attention.py), causal and with padding;
 - training 2 processes that share every sequence (sequence_parallel=2, ddp) gives the
   losses of one process training the same sequences, for LoRA and full-parameter AdamW
-  with gradient checkpointing, chunked loss and the tiled MLP, and on packed blocks; so
-  does FSDP2 sharding over both processes (LoRA and full AdamW, checkpointing, tiled MLP);
+  with gradient checkpointing, chunked loss and the tiled MLP and norms, and on packed blocks; so
+  does FSDP2 sharding over both processes (LoRA and full AdamW, checkpointing, tiled MLP and norms);
 - each process holds about half of one process's activation bytes;
 - a checkpoint resumes across a change of sequence_parallel (1 -> 2 and 2 -> 1);
 - bad values are one-line refusals naming the valid ones.
