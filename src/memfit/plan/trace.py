@@ -163,10 +163,12 @@ class LiveBytes(TorchDispatchMode):
         else:
             out = func(*args, **kwargs)
         self.work.count(func, args, kwargs, out)
-        category = fresh_category(self.pack_hook)
+        records, category = self._live.records, None
         for tensor in out if isinstance(out, (tuple, list)) else (out,):
             if (isinstance(tensor, torch.Tensor)
-                    and id(tensor.untyped_storage()) not in self._live.records):
+                    and id(tensor.untyped_storage()) not in records):
+                if category is None:  # asked once per op, and only when it allocated
+                    category = fresh_category(self.pack_hook)
                 self.add(tensor, category)
         return out
 

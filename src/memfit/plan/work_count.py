@@ -22,7 +22,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import flop_registry
 
 from memfit.techniques.work import Key, Work, size_class
@@ -67,25 +66,33 @@ class WorkCount:
         return Work(dict(self.calls), dict(self.amounts), self.launches, self.host_copy)
 
     def count(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        # Called for every op of every trace (tens of thousands per plan): what depends on
+        # the op alone is looked up once per op (_rule), and tensors are found without
+        # torch's pytree (aten arguments nest only in tuples, lists and dicts).
         self.launches += 1
-        packet = func.overloadpacket
-        if packet in _NO_DATA or func.is_view:
+        rule = _RULES.get(func)
+        if rule is None:
+            rule = _RULES[func] = _rule(func)
+        kind, packet, formula = rule
+        if kind is _NO_WORK:
             return
-        formula = flop_registry.get(_SAME_FORMULA.get(packet, packet))
-        if formula is not None:
+        if kind is _MATMUL:
             flops = formula(*args, **kwargs, out_val=out)
             if packet in _ATTENTION and _named(func, args, kwargs).get("is_causal"):
                 flops //= 2
-            dtype = next(t.dtype for t in tree_leaves(args) if isinstance(t, torch.Tensor))
+            dtype = next(t.dtype for t in _tensors(args))
             side = size_class(_side(packet, args, out))
-            self._add(("matmul", str(dtype).removeprefix("torch."), side), flops)
+            self._add(("matmul", _DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch."),
+                       side), flops)
             return
         written = _tensors(out)
-        read = _tensors((args, kwargs))
+        read = _tensors(args)
+        if kwargs:
+            _leaves(kwargs, read)
         outputs = _nbytes(written)
-        if packet in _WRITES:
+        if kind is _WRITES_ONLY:
             inputs = 0
-        elif packet in _GATHERS:
+        elif kind is _GATHER:
             inputs = outputs
         else:
             inputs = _nbytes(read)
@@ -97,6 +104,25 @@ class WorkCount:
     def _add(self, key: Key, amount: int) -> None:
         self.calls[key] = self.calls.get(key, 0) + 1
         self.amounts[key] = self.amounts.get(key, 0) + amount
+
+
+# How count() treats an op (OpOverload -> (kind, overload packet, FLOP formula)).
+_NO_WORK, _MATMUL, _WRITES_ONLY, _GATHER, _MOVES = range(5)
+_RULES: dict[Any, tuple[int, Any, Any]] = {}
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16",
+                torch.float16: "float16"}
+
+
+def _rule(func: Any) -> tuple[int, Any, Any]:
+    packet = func.overloadpacket
+    if packet in _NO_DATA or func.is_view:
+        return _NO_WORK, packet, None
+    formula = flop_registry.get(_SAME_FORMULA.get(packet, packet))
+    if formula is not None:
+        return _MATMUL, packet, formula
+    if packet in _WRITES:
+        return _WRITES_ONLY, packet, None
+    return (_GATHER if packet in _GATHERS else _MOVES), packet, None
 
 
 def _side(packet: Any, args: tuple, out: Any) -> int:
@@ -126,7 +152,20 @@ def _side(packet: Any, args: tuple, out: Any) -> int:
 
 
 def _tensors(tree: Any) -> list[torch.Tensor]:
-    return [t for t in tree_leaves(tree) if isinstance(t, torch.Tensor)]
+    return _leaves(tree, [])
+
+
+def _leaves(tree: Any, found: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The tensors in ``tree`` (tuples, lists and dict values, nested), appended in order."""
+    if isinstance(tree, torch.Tensor):
+        found.append(tree)
+    elif isinstance(tree, (tuple, list)):
+        for item in tree:
+            _leaves(item, found)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            _leaves(item, found)
+    return found
 
 
 def _nbytes(tensors: list[torch.Tensor]) -> int:
