@@ -1,9 +1,14 @@
-"""``model.factory`` models that misbehave on rank 1 alone: one raises on its third
-forward while rank 0 waits for it in a collective (the failing-rank test); one overflows
-its fp16 gradient in its second step (the gradient scaler must skip it on every rank)."""
+"""``model.factory`` models for the distributed tests: a plain regression (for tests of
+the launch, not of the model: a worker builds it without importing transformers), and
+models that misbehave on rank 1 alone: one raises on its third forward while rank 0 waits
+for it in a collective (the failing-rank test); one overflows its fp16 gradient in its
+second step (the gradient scaler must skip it on every rank)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -25,6 +30,23 @@ class Regression(nn.Module):
         for block in self.blocks:
             hidden = torch.relu(block(hidden))
         return self.head(hidden)
+
+
+class PlainRegression(Regression):
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(self.output(inputs), targets)
+
+
+def regression() -> nn.Module:
+    return PlainRegression()
+
+
+def write_regression_rows(path: Path) -> Path:
+    """32 rows of 8 features and 1 target (.npz, data.format=tensors)."""
+    generator = np.random.default_rng(0)
+    np.savez(path, inputs=generator.normal(size=(32, 8)).astype(np.float32),
+             targets=generator.normal(size=(32, 1)).astype(np.float32))
+    return path
 
 
 class FailsOnRankOne(Regression):

@@ -1,7 +1,8 @@
 """Hugging Face Accelerate as the launcher: ``accelerate launch --multi_gpu --num_processes 2
 -m memfit train ...`` starts 2 gloo workers through torchrun on this CPU, and they train and
 resume under either strategy; without --multi_gpu (and no GPU to detect) accelerate starts
-one process, which memfit refuses in one line."""
+one process, which memfit refuses in one line. The model is a factory's regression: these
+are tests of the launcher, and its workers start without importing transformers."""
 
 from __future__ import annotations
 
@@ -13,7 +14,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from dist_helpers import memfit_environment, run_config, write_text_rows
+import yaml
+from dist_factories import write_regression_rows
+from dist_helpers import memfit_environment
 
 from memfit.monitor.metrics import losses_by_step, read_metrics
 
@@ -35,6 +38,20 @@ mixed_precision: 'no'
 """
 
 
+def run_config(root: Path, strategy: str) -> Path:
+    """The factory's regression on 32 rows: 2 steps of 2 micro-batches of 2 examples."""
+    config = root / "run.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"factory": "dist_factories:regression", "task": "custom"},
+        "data": {"path": str(write_regression_rows(root / "rows.npz")), "format": "tensors",
+                 "eval_fraction": 0},
+        "train": {"output_dir": str(root / "run"), "max_steps": 2,
+                  "micro_batch_size": 2, "gradient_accumulation_steps": 2, "save_every": 2},
+        "distributed": {"strategy": strategy},
+        "log": {"progress": False, "tensorboard": False}}))
+    return config
+
+
 def accelerate_launch(accelerate_arguments: list[str], memfit_arguments: list[str],
                       cwd: Path) -> subprocess.CompletedProcess:
     # HF_HOME in tmp: a default config in the developer's own cache would change the launch.
@@ -48,9 +65,7 @@ def accelerate_launch(accelerate_arguments: list[str], memfit_arguments: list[st
 
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
 def test_trains_with_flags_and_resumes_with_a_config_file(tmp_path: Path, strategy: str):
-    data = write_text_rows(tmp_path / "rows.jsonl")
-    config = run_config(tmp_path, "run", data, train={"max_steps": 2, "micro_batch_size": 2},
-                        distributed={"strategy": strategy})
+    config = run_config(tmp_path, strategy)
     first = accelerate_launch(LAUNCH_FLAGS, ["train", str(config)], cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     run = tmp_path / "run"
@@ -60,7 +75,8 @@ def test_trains_with_flags_and_resumes_with_a_config_file(tmp_path: Path, strate
     accelerate_config = tmp_path / "accelerate.yaml"
     accelerate_config.write_text(CONFIG_FILE)
     resumed = accelerate_launch(["--config_file", str(accelerate_config)],
-                                ["train", "--resume", str(run), "train.max_steps=4"],
+                                ["train", "--trust-code", "--resume", str(run),
+                                 "train.max_steps=4"],
                                 cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     after = losses_by_step(read_metrics(run))
@@ -78,8 +94,7 @@ def test_trains_with_flags_and_resumes_with_a_config_file(tmp_path: Path, strate
 @pytest.mark.skipif(torch.cuda.device_count() > 1,
                     reason="accelerate turns on --multi_gpu itself when it sees several GPUs")
 def test_without_multi_gpu_one_process_is_refused_in_one_line(tmp_path: Path):
-    data = write_text_rows(tmp_path / "rows.jsonl")
-    config = run_config(tmp_path, "run", data, distributed={"strategy": "fsdp"})
+    config = run_config(tmp_path, "fsdp")
     result = accelerate_launch(["--num_processes", "2"], ["train", str(config)], cwd=tmp_path)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("memfit: error:")]

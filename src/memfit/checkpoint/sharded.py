@@ -22,24 +22,24 @@ from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
 
 from memfit._utils.atomic import staged_folder
-from memfit.checkpoint import dcp_reader
 from memfit.checkpoint.manifest import CheckpointKind, read_manifest, verify_checkpoint
 from memfit.distributed.fsdp import is_sharded
 from memfit.distributed.process_group import barrier, broadcast_from_main, is_main
 
-# Frozen parameters are dropped here; buffers by _trainable. strict=False: loading sets
-# only what was saved.
-_OPTIONS = StateDictOptions(ignore_frozen_params=True, strict=False)
+# torch.distributed.checkpoint is imported by the functions that use it (~0.2 s a process
+# otherwise): every run saves through this module, and only a sharded model's run reads
+# or writes DCP.
+
+
+def _options():  # noqa: ANN202 -- a StateDictOptions, imported with DCP
+    """Frozen parameters are dropped here; buffers by _trainable. strict=False: loading
+    sets only what was saved."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(ignore_frozen_params=True, strict=False)
 
 
 def is_sharded_checkpoint(folder: Path) -> bool:
@@ -69,7 +69,10 @@ def _trainable(model: nn.Module, state: dict[str, torch.Tensor]) -> dict[str, to
 
 def save(folder: Path, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Collective: every rank writes its shards of the trainable weights and state."""
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=_OPTIONS)
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=_options())
     dcp.save({"model": _trainable(model, model_state), "optimizer": optimizer_state},
              checkpoint_id=folder)
 
@@ -78,16 +81,23 @@ def load(folder: Path, files: Collection[str], model: nn.Module,
          optimizer: torch.optim.Optimizer) -> None:
     """Collective when distributed; reshards to this run's processes (or to a plain,
     unsharded model). ``files``: the names of the folder's verified manifest."""
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=_OPTIONS)
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from memfit.checkpoint import dcp_reader
+
+    options = _options()
+    model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
     state = {"model": _trainable(model, model_state), "optimizer": optimizer_state}
     dcp_reader.load(state, folder, files)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
-                   optim_state_dict=state["optimizer"], options=_OPTIONS)
+                   optim_state_dict=state["optimizer"], options=options)
 
 
 def load_trainable(folder: Path, model: nn.Module) -> None:
     """The trainable weights of a sharded checkpoint into a plain model, in place (what
     ``memfit merge`` consolidates; needs no process group). Verifies the folder first."""
+    from memfit.checkpoint import dcp_reader
+
     files = verify_checkpoint(folder).files
     dcp_reader.load({"model": _trainable(model, model.state_dict())}, folder, files)
 
@@ -97,5 +107,7 @@ def gathered_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     exporting a sharded model; None for a model that is not sharded."""
     if not is_sharded(model):
         return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
     return get_model_state_dict(
         model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
