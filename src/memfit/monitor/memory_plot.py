@@ -97,7 +97,10 @@ def plot_memory(records: Sequence[Mapping[str, object]], path: Path | str) -> Pa
     axes.set_ylim(bottom=0)
     axes.set_title("Memory per step by category")
     axes.legend(loc="upper left", fontsize="small", ncol=2)
-    figure.tight_layout()
+    # Fixed margins (room for tick labels of up to 6 characters: values stay below 1024
+    # of the unit) instead of tight_layout, which draws the figure once more: every run
+    # writes this plot, and that halved its ~0.3 s.
+    figure.subplots_adjust(left=0.09, right=0.98, top=0.93, bottom=0.11)
     return save_png(figure, Path(path))
 
 
