@@ -31,6 +31,7 @@ from sequence_attention import check_attention
 from torch.distributed.tensor import DTensor
 
 from memfit import distributed
+from memfit._utils.gc_thresholds import collect_less_often
 from memfit.config import Config
 from memfit.config.load import read_yaml
 from memfit.distributed import sequence_parallel
@@ -147,6 +148,7 @@ def join_group_for(job: int) -> None:
 
 
 def main(jobs_file: str) -> None:
+    collect_less_often()  # as memfit's own workers do, before transformers is imported
     for index, job in enumerate(json.loads(Path(jobs_file).read_text())):
         join_group_for(index)
         if "train" in job:

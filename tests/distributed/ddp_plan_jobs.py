@@ -18,10 +18,12 @@ from pathlib import Path
 
 from ddp_jobs import join_group_for
 
+from memfit._utils.gc_thresholds import collect_less_often
 from memfit.training.api import train
 
 
 def main(configs_file: str, out: str) -> None:
+    collect_less_often()  # as memfit's own workers do, before transformers is imported
     rank = os.environ["RANK"]  # torchrun's; train() leaves no process group to ask
     for index, config in enumerate(json.loads(Path(configs_file).read_text())):
         join_group_for(index)

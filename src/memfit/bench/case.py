@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from memfit._utils.gc_thresholds import collect_less_often
 from memfit.bench.process import write_result
 from memfit.techniques.config_checks import from_mapping
 
@@ -48,6 +49,7 @@ def run_case(peer: str | None, mapping: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str]) -> int:
+    collect_less_often()  # before the case imports transformers & co.
     spec_path, result_path = (Path(argument) for argument in argv)
     spec = json.loads(spec_path.read_text())
     records = run_case(spec["peer"], spec["config"])

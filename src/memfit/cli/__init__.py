@@ -21,6 +21,7 @@ from memfit._utils.errors import (
     Stopped,
     is_disk_full,
 )
+from memfit._utils.gc_thresholds import collect_less_often
 from memfit.cli.commands import _say
 from memfit.cli.parser import build_parser
 
@@ -63,6 +64,7 @@ def _quiet_libraries():
 
 
 def main(argv: list[str] | None = None) -> int:
+    collect_less_often()  # before the command imports torch & co.
     parser = build_parser()
     # Positionals after an option (`train --nproc 2 a=1 b=2`, `train cfg.yaml --nproc 2 x=1`)
     # come back unparsed: they continue the command's [CONFIG.yaml] [key=value ...].
