@@ -33,7 +33,7 @@ from torch import nn
 
 from memfit import distributed
 from memfit._utils.errors import MemfitWarning
-from memfit.config.schema import AdapterKind, Config
+from memfit.config.schema import AdapterKind, Config, TrainConfig
 from memfit.data import Splits, build_datasets, collate
 from memfit.data.order import optimizer_steps
 from memfit.distributed import sequence_parallel
@@ -90,35 +90,31 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def examples_per_step(config: Config) -> int:
-    """Examples of one optimizer step over all ranks; a sequence group shares its own."""
-    return (config.train.micro_batch_size * config.train.gradient_accumulation_steps
-            * _data_parallel_size(config))
+def examples_per_step(train: TrainConfig, sequence_groups: int) -> int:
+    """Examples of one optimizer step over all ranks: ``sequence_groups`` data-parallel
+    groups (a sequence group shares its examples)."""
+    return train.micro_batch_size * train.gradient_accumulation_steps * sequence_groups
 
 
-def _data_parallel_size(config: Config) -> int:
-    return sequence_parallel.data_parallel(config.distributed.sequence_parallel)[1]
-
-
-def total_optimizer_steps(config: Config, train_examples: int) -> int:
+def total_optimizer_steps(train: TrainConfig, sequence_groups: int, train_examples: int
+                          ) -> int:
     """train.max_steps, or the steps of train.epochs passes (``data.order.optimizer_steps``)."""
-    return optimizer_steps(config.train.max_steps, config.train.epochs, train_examples,
-                           examples_per_step(config))
+    return optimizer_steps(train.max_steps, train.epochs, train_examples,
+                           examples_per_step(train, sequence_groups))
 
 
-def warn_if_smaller_than_a_micro_batch(config: Config, train_examples: int,
-                                       total_steps: int) -> None:
+def warn_if_smaller_than_a_micro_batch(train: TrainConfig, sequence_groups: int,
+                                       train_examples: int, total_steps: int) -> None:
     """Say how a training split smaller than one micro-batch is drawn from, and how many
     passes over it the run makes."""
-    groups = _data_parallel_size(config)
-    micro_batch = config.train.micro_batch_size * groups
+    micro_batch = train.micro_batch_size * sequence_groups
     if train_examples >= micro_batch:
         return
-    processes = f" x {groups} processes" if groups > 1 else ""
-    passes = total_steps * examples_per_step(config) / train_examples
+    processes = f" x {sequence_groups} processes" if sequence_groups > 1 else ""
+    passes = total_steps * examples_per_step(train, sequence_groups) / train_examples
     warnings.warn(
         f"data: the training split has {train_examples} examples, fewer than one micro-batch "
-        f"of {micro_batch} (train.micro_batch_size={config.train.micro_batch_size}"
+        f"of {micro_batch} (train.micro_batch_size={train.micro_batch_size}"
         f"{processes}): each micro-batch repeats examples, drawn from a fresh shuffle each "
         f"pass; {total_steps} optimizer steps make {passes:.3g} passes over them",
         MemfitWarning, stacklevel=2)
@@ -155,14 +151,13 @@ def place_and_optimize(model: nn.Module, config: Config, is_transformers: bool,
     return model, registry.apply_stage("optimizer", build_optimizer(model, config), setting)
 
 
-def split_sequences(model: nn.Module, config: Config
+def split_sequences(model: nn.Module, size: int, max_length: int
                     ) -> sequence_parallel.SequenceGroup | None:
-    """distributed.sequence_parallel > 1: the model's attention all-to-alls heads (a model
-    it cannot split is refused) and this rank's sequence group; None otherwise."""
-    size = config.distributed.sequence_parallel
+    """distributed.sequence_parallel (``size``) > 1: the model's attention all-to-alls heads
+    (a model it cannot split is refused) and this rank's sequence group; None otherwise."""
     if size == 1:
         return None
-    sequence_parallel.use_sequence_parallel_attention(model, size, config.data.max_length)
+    sequence_parallel.use_sequence_parallel_attention(model, size, max_length)
     return sequence_parallel.new_group(size)
 
 
@@ -181,13 +176,15 @@ def build_run(config: Config) -> Run:
                 if config.adapter.kind is not AdapterKind.NONE else None)
     if adapters is not None and distributed.is_main():  # the same on every rank
         print(f"memfit: {adapters.to_text()}", file=sys.stderr)
-    sequence_group = split_sequences(model, config)
+    sequence_group = split_sequences(model, config.distributed.sequence_parallel,
+                                     config.data.max_length)
     device = distributed.device()
     model, optimizer = place_and_optimize(model, config, loaded.is_transformers, device)
     replicas = strategy_for(config).replicas(model, optimizer, config, device)
-    total_steps = total_optimizer_steps(config, len(splits.train))
+    groups = sequence_parallel.data_parallel(config.distributed.sequence_parallel)[1]
+    total_steps = total_optimizer_steps(config.train, groups, len(splits.train))
     if distributed.is_main():
-        warn_if_smaller_than_a_micro_batch(config, len(splits.train), total_steps)
+        warn_if_smaller_than_a_micro_batch(config.train, groups, len(splits.train), total_steps)
     scheduler = build_scheduler(optimizer, total_steps, config.train.warmup_steps,
                                 config.train.lr_schedule)
     return Run(
