@@ -6,9 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
-from dist_factories import FAILURE
+from dist_factories import FAILURE, write_regression_rows
 from dist_helpers import memfit
 
 pytestmark = pytest.mark.slow
@@ -16,9 +15,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
 def test_a_failing_rank_stops_the_job_with_its_error(tmp_path: Path, strategy: str):
-    generator = np.random.default_rng(0)
-    np.savez(tmp_path / "rows.npz", inputs=generator.normal(size=(32, 8)).astype(np.float32),
-             targets=generator.normal(size=(32, 1)).astype(np.float32))
+    write_regression_rows(tmp_path / "rows.npz")
     config = tmp_path / "run.yaml"
     config.write_text(
         "model: {factory: 'dist_factories:fails_on_rank_one', task: custom}\n"

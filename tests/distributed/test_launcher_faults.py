@@ -14,11 +14,11 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from dist_factories import write_regression_rows
 from dist_helpers import memfit_environment
 from torch import nn
 
@@ -60,9 +60,7 @@ def killed_on_rank_one() -> nn.Module:
 
 
 def config_file(folder: Path, factory: str, max_steps: int = 4) -> Path:
-    generator = np.random.default_rng(0)
-    np.savez(folder / "rows.npz", inputs=generator.normal(size=(32, 8)).astype(np.float32),
-             targets=generator.normal(size=(32, 1)).astype(np.float32))
+    write_regression_rows(folder / "rows.npz")
     config = folder / f"{factory}.yaml"
     config.write_text(
         f"model: {{factory: 'test_launcher_faults:{factory}', task: custom}}\n"

@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
+from dist_factories import write_regression_rows
 from dist_helpers import memfit, memfit_environment
 
 from memfit.monitor.metrics import losses_by_step, read_metrics
@@ -22,9 +22,7 @@ pytestmark = pytest.mark.slow
 
 
 def config_file(tmp_path: Path, factory: str, strategy: str = "fsdp") -> Path:
-    generator = np.random.default_rng(0)
-    np.savez(tmp_path / "rows.npz", inputs=generator.normal(size=(32, 8)).astype(np.float32),
-             targets=generator.normal(size=(32, 1)).astype(np.float32))
+    write_regression_rows(tmp_path / "rows.npz")
     config = tmp_path / "run.yaml"
     config.write_text(
         f"model: {{factory: 'fault_factories:{factory}', task: custom}}\n"
