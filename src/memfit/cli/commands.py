@@ -70,7 +70,8 @@ def _command_train(args: argparse.Namespace) -> int:
         if args.print_config:
             sys.stdout.write(to_yaml(config))
             return 0
-        if should_launch(config):  # this process starts the workers and waits for them
+        # This process starts the workers and waits for them.
+        if should_launch(config.distributed.nproc):
             return launch(config.distributed.nproc, _worker_arguments(args))
         from memfit.training.api import train
 

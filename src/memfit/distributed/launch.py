@@ -26,7 +26,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from memfit._utils.errors import ConfigError, MemfitError
-from memfit.config.schema import Config
 from memfit.distributed.workers import LAUNCHER_PID, OUTCOMES_DIR, read_outcome
 
 # What a process started by torchrun (or accelerate launch, which runs torchrun) has and
@@ -61,14 +60,14 @@ def check_process_count(nproc: int, name: str) -> None:
         raise ConfigError(f"{name}: give 1 to {most} processes on this machine ({why})")
 
 
-def should_launch(config: Config) -> bool:
-    """True in the process a user started with distributed.nproc > 1 (not in a worker).
+def should_launch(nproc: int) -> bool:
+    """True in the process a user started with distributed.nproc (``nproc``) > 1, not in a
+    worker.
 
     WORLD_SIZE without torchrun's TORCHELASTIC_RUN_ID is most likely left in the shell from
     a worker's environment: taken as a worker, this process would wait ten minutes for
     processes that will never join, so it is refused with what to unset.
     """
-    nproc = config.distributed.nproc
     if nproc <= 1:
         return False
     world = _launched_world_size()

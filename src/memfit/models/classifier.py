@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from memfit.config.choices import CLASSIFYING_TASKS
-from memfit.config.schema import Config
+from memfit.config.schema import Config, ModelConfig
 from memfit.data import classes
 
 HEAD_SUFFIXES = ("classifier", "score")
@@ -45,14 +45,9 @@ def label_arguments(labels: Sequence[str]) -> dict[str, Any]:
             "problem_type": "single_label_classification"}
 
 
-def classifies(config: Config) -> bool:
-    """The model predicts one class per example (its head is new, model.labels)."""
-    return config.model.task in CLASSIFYING_TASKS
-
-
-def class_labels(config: Config) -> tuple[str, ...]:
+def class_labels(model: ModelConfig) -> tuple[str, ...]:
     """model.labels where the task reads them (what the data is labelled with), else ()."""
-    return config.model.labels if classifies(config) else ()
+    return model.labels if model.task in CLASSIFYING_TASKS else ()
 
 
 def head_names(model: nn.Module) -> list[str]:

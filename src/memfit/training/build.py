@@ -167,7 +167,7 @@ def build_run(config: Config) -> Run:
     config = with_classes(config)
     loaded = load_base(config)
     splits = build_datasets(config.data, loaded.tokenizer, seed=config.train.seed,
-                            labels=class_labels(config))
+                            labels=class_labels(config.model))
     model, warnings = prepare_model(loaded, config)
     exported_module(model, config.model.export_module)  # a bad name fails before training
     for warning in warnings:

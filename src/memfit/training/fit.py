@@ -52,7 +52,7 @@ def example_batch(config: Config) -> dict[str, torch.Tensor] | None:
         return None
     config = with_classes(config)  # image classifiers: the batch holds class ids
     splits = build_datasets(config.data, None, seed=config.train.seed,
-                            labels=class_labels(config))
+                            labels=class_labels(config.model))
     size = min(config.train.micro_batch_size, len(splits.train))
     return collate([splits.train[i] for i in range(size)])
 
