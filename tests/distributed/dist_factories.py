@@ -12,6 +12,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+import yaml
 from torch import nn
 
 FAILURE = "rank 1 failed on purpose at forward 3"
@@ -39,6 +40,21 @@ class PlainRegression(Regression):
 
 def regression() -> nn.Module:
     return PlainRegression()
+
+
+def regression_config(root: Path, name: str, strategy: str, **train: int) -> Path:
+    """root/NAME.yaml: this module's regression on root/rows.npz, written to root/NAME, as
+    ``strategy`` with ``train`` keys over 2 steps of micro-batches of 2."""
+    config = root / f"{name}.yaml"
+    config.write_text(yaml.safe_dump({
+        "model": {"factory": "dist_factories:regression", "task": "custom"},
+        "data": {"path": str(write_regression_rows(root / "rows.npz")), "format": "tensors",
+                 "eval_fraction": 0},
+        "train": {"output_dir": str(root / name), "max_steps": 2, "micro_batch_size": 2,
+                  **train},
+        "distributed": {"strategy": strategy},
+        "log": {"progress": False, "tensorboard": False}}))
+    return config
 
 
 def write_regression_rows(path: Path) -> Path:

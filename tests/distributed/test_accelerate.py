@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from dist_factories import write_regression_rows
+from dist_factories import regression_config
 from dist_helpers import memfit_environment
 
 from memfit.monitor.metrics import losses_by_step, read_metrics
@@ -38,20 +37,6 @@ mixed_precision: 'no'
 """
 
 
-def run_config(root: Path, strategy: str) -> Path:
-    """The factory's regression on 32 rows: 2 steps of 2 micro-batches of 2 examples."""
-    config = root / "run.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"factory": "dist_factories:regression", "task": "custom"},
-        "data": {"path": str(write_regression_rows(root / "rows.npz")), "format": "tensors",
-                 "eval_fraction": 0},
-        "train": {"output_dir": str(root / "run"), "max_steps": 2,
-                  "micro_batch_size": 2, "gradient_accumulation_steps": 2, "save_every": 2},
-        "distributed": {"strategy": strategy},
-        "log": {"progress": False, "tensorboard": False}}))
-    return config
-
-
 def accelerate_launch(accelerate_arguments: list[str], memfit_arguments: list[str],
                       cwd: Path) -> subprocess.CompletedProcess:
     # HF_HOME in tmp: a default config in the developer's own cache would change the launch.
@@ -65,7 +50,8 @@ def accelerate_launch(accelerate_arguments: list[str], memfit_arguments: list[st
 
 @pytest.mark.parametrize("strategy", ["fsdp", "ddp"])
 def test_trains_with_flags_and_resumes_with_a_config_file(tmp_path: Path, strategy: str):
-    config = run_config(tmp_path, strategy)
+    config = regression_config(tmp_path, "run", strategy, gradient_accumulation_steps=2,
+                               save_every=2)
     first = accelerate_launch(LAUNCH_FLAGS, ["train", str(config)], cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     run = tmp_path / "run"
@@ -94,7 +80,8 @@ def test_trains_with_flags_and_resumes_with_a_config_file(tmp_path: Path, strate
 @pytest.mark.skipif(torch.cuda.device_count() > 1,
                     reason="accelerate turns on --multi_gpu itself when it sees several GPUs")
 def test_without_multi_gpu_one_process_is_refused_in_one_line(tmp_path: Path):
-    config = run_config(tmp_path, "fsdp")
+    config = regression_config(tmp_path, "run", "fsdp", gradient_accumulation_steps=2,
+                               save_every=2)
     result = accelerate_launch(["--num_processes", "2"], ["train", str(config)], cwd=tmp_path)
     assert result.returncode != 0
     errors = [line for line in result.stderr.splitlines() if line.startswith("memfit: error:")]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from dist_factories import write_regression_rows
+from dist_factories import regression_config
 from dist_helpers import HERE, memfit, memfit_environment, run_config
 
 from memfit.config.load import read_yaml
@@ -170,15 +170,7 @@ def test_memory_auto_on_two_processes_trains_one_plan_for_two_devices(tmp_path: 
 def test_memory_auto_with_nothing_fitting_stops_the_job_with_the_planners_line(tmp_path: Path):
     # A factory's regression: each rank stops with the planner's line, whatever the model
     # (the tiny Llama's 2-device plan alone took ~25 s of this test).
-    data = write_regression_rows(tmp_path / "rows.npz")
-    config = tmp_path / "auto-too-small.yaml"
-    config.write_text(yaml.safe_dump({
-        "model": {"factory": "dist_factories:regression", "task": "custom"},
-        "data": {"path": str(data), "format": "tensors", "eval_fraction": 0},
-        "train": {"output_dir": str(tmp_path / "auto-too-small"), "max_steps": 2,
-                  "micro_batch_size": 1},
-        "distributed": {"strategy": "ddp", "nproc": 2},
-        "log": {"progress": False, "tensorboard": False}}))
+    config = regression_config(tmp_path, "auto-too-small", "ddp", micro_batch_size=1)
     result = memfit("train", str(config), "memory.auto=true", "memory.budget=1000",
                     "--nproc", "2", cwd=tmp_path)
     assert result.returncode != 0

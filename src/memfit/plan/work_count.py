@@ -82,8 +82,7 @@ class WorkCount:
                 flops //= 2
             dtype = next(t.dtype for t in _tensors(args))
             side = size_class(_side(packet, args, out))
-            self._add(("matmul", _DTYPE_NAMES.get(dtype) or str(dtype).removeprefix("torch."),
-                       side), flops)
+            self._add(("matmul", str(dtype).removeprefix("torch."), side), flops)
             return
         written = _tensors(out)
         read = _tensors(args)
@@ -109,8 +108,6 @@ class WorkCount:
 # How count() treats an op (OpOverload -> (kind, overload packet, FLOP formula)).
 _NO_WORK, _MATMUL, _WRITES_ONLY, _GATHER, _MOVES = range(5)
 _RULES: dict[Any, tuple[int, Any, Any]] = {}
-_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16",
-                torch.float16: "float16"}
 
 
 def _rule(func: Any) -> tuple[int, Any, Any]:
