@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from memfit.config.choices import GaloreInner
 from memfit.optim._base import StatePreservingOptimizer
 from memfit.optim.inner import inner_directions_by_rows
 from memfit.optim.stochastic_rounding import apply_updates_by_rows_, mix_seed
@@ -52,7 +53,8 @@ class AdamW(StatePreservingOptimizer):
         step = state.get("inner_step", 0)
         apply_updates_by_rows_(
             param,
-            inner_directions_by_rows(state, param.grad, "adamw", group["betas"], group["eps"]),
+            inner_directions_by_rows(state, param.grad, GaloreInner.ADAMW, group["betas"],
+                                     group["eps"]),
             group["lr"],
             1 - group["lr"] * group["weight_decay"],
             mix_seed(group["seed"] + position, step),

@@ -60,7 +60,7 @@ CHUNK_ELEMENTS = 1 << 20
 # fp32 row chunks alive at once in a chunked update (measured by
 # tests/unit/optim/test_optim_chunked_updates.py: at most 2 for adamw, 2.25 for adafactor,
 # 4.5 for 8-bit moments, which decode both moments and encode them again).
-_CHUNKS_ALIVE = {"adamw": 2, "adafactor": 3, "adamw8bit": 5}
+_CHUNKS_ALIVE = {GaloreInner.ADAMW: 2, GaloreInner.ADAFACTOR: 3, GaloreInner.ADAMW8BIT: 5}
 
 # Rows of dim 0 a chunk covers; `...` is the whole tensor in one piece.
 Rows = slice | EllipsisType
@@ -290,9 +290,9 @@ def inner_directions_by_rows(
     alive at a time. The state advances by one step, however many chunks there are, and
     is complete once the iterator is exhausted.
     """
-    if inner == "adafactor":
+    if inner == GaloreInner.ADAFACTOR:
         return _adafactor_by_rows(state, grad, eps, row_chunks(grad.shape))
-    eight_bit = inner == "adamw8bit"
+    eight_bit = inner == GaloreInner.ADAMW8BIT
     # 8-bit chunks must start on a block boundary: rows_multiple * row_length % BLOCK_SIZE == 0.
     row_length = grad.numel() // grad.shape[0] if grad.dim() >= 2 and grad.shape[0] else 1
     rows_multiple = BLOCK_SIZE // math.gcd(row_length, BLOCK_SIZE) if eight_bit else 1
@@ -305,9 +305,9 @@ def state_bytes(shape: tuple[int, ...], inner: str) -> int:
     above; ``inner_step`` is an int): adamw two fp32 tensors, adamw8bit two quantised
     ones, adafactor the row and column means of a >= 2-D gradient viewed as rows x rest."""
     numel = math.prod(shape)
-    if inner == "adamw8bit":
+    if inner == GaloreInner.ADAMW8BIT:
         return 2 * quantized_bytes(numel)
-    if inner == "adafactor":
+    if inner == GaloreInner.ADAFACTOR:
         return 4 * (shape[0] + numel // shape[0]) if len(shape) >= 2 else 4 * numel
     return 8 * numel
 
@@ -315,7 +315,7 @@ def state_bytes(shape: tuple[int, ...], inner: str) -> int:
 def chunked_update_scratch_bytes(numel: int, inner: str) -> int:
     """Peak temporaries of ``inner_directions_by_rows`` and applying its chunks for a
     parameter of ``numel`` values (the planner's figure for it)."""
-    return _CHUNKS_ALIVE[inner] * 4 * min(numel, CHUNK_ELEMENTS)
+    return _CHUNKS_ALIVE[GaloreInner(inner)] * 4 * min(numel, CHUNK_ELEMENTS)
 
 
 def inner_direction(
@@ -323,9 +323,9 @@ def inner_direction(
 ) -> torch.Tensor:
     """The named inner rule's direction for all of `grad`, in one piece (names validated
     by the optimizer)."""
-    if inner == "adafactor":
+    if inner == GaloreInner.ADAFACTOR:
         return adafactor_direction(state, grad, eps)
-    return adam_direction(state, grad, betas, eps, eight_bit=inner == "adamw8bit")
+    return adam_direction(state, grad, betas, eps, eight_bit=inner == GaloreInner.ADAMW8BIT)
 
 
 def reset_moments(state: dict) -> None:
@@ -354,12 +354,12 @@ def rotate_moments(
     """
     squared = rotation * rotation
     unseen = (1 - squared.sum(dim=1)).clamp_(min=0)  # (r,) share outside the old subspace
-    if inner == "adafactor":
+    if inner == GaloreInner.ADAFACTOR:
         if "exp_avg_sq_row" in state:
             row = state["exp_avg_sq_row"]
             state["exp_avg_sq_row"] = squared @ row + unseen * row.mean()
         return
-    eight_bit = inner == "adamw8bit"
+    eight_bit = inner == GaloreInner.ADAMW8BIT
     if "inner_step" not in state:
         return
     for name, signed, matrix in (("exp_avg", True, rotation), ("exp_avg_sq", False, squared)):

@@ -9,6 +9,7 @@ bounded by BATCH_BYTES), or a few fp32 row chunks of one parameter (memfit).
 
 from __future__ import annotations
 
+from memfit.config.choices import GaloreInner
 from memfit.config.schema import Config, Precision
 from memfit.optim.bounded_adamw import step_scratch_bound
 from memfit.optim.inner import chunked_update_scratch_bytes
@@ -44,8 +45,8 @@ def _factory(config: Config) -> Factory:
 
 def _cost(param: Param, config: Config) -> ParamCost:
     if config.precision is Precision.BF16_PURE:
-        return ParamCost(8 * param.numel, chunked_update_scratch_bytes(param.numel, "adamw"),
-                         param.nbytes)
+        scratch = chunked_update_scratch_bytes(param.numel, GaloreInner.ADAMW)
+        return ParamCost(8 * param.numel, scratch, param.nbytes)
     return ParamCost(2 * param.nbytes + 4, param.nbytes, param.nbytes)
 
 
