@@ -15,14 +15,14 @@ import torch
 from memfit.monitor.tensor_tracker import TensorTracker
 from memfit.optim import AdamW, GaLore
 from memfit.optim import inner as inner_module
-from memfit.optim.inner import inner_directions_by_rows, row_chunks
+from memfit.optim.inner import INNER_CHOICES, inner_directions_by_rows, row_chunks
 from memfit.optim.quantize import BLOCK_SIZE
 
 SHAPE = (70, 48)  # 3360 values, not a whole number of 256-value quantisation blocks
 SMALL_BUDGET = 1000  # 20 rows per chunk (16 for 8-bit moments: 16 * 48 = 3 blocks)
 ONE_PIECE = 1 << 40
 STEPS = 5
-INNERS = ("adamw", "adamw8bit", "adafactor")
+INNERS = INNER_CHOICES  # every inner rule a config can name
 
 
 def _gradients(shape: tuple[int, ...], steps: int) -> list[torch.Tensor]:

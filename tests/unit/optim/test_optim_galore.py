@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from memfit._utils.errors import ConfigError
-from memfit.optim import GaLore
+from memfit.optim import INNER_CHOICES, GaLore
 
 BETAS = (0.9, 0.999)
 EPS = 1e-8
@@ -228,7 +228,7 @@ def _tiny_model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("projector", ["svd", "randomized_svd", "online", "random"])
-@pytest.mark.parametrize("inner", ["adamw", "adamw8bit", "adafactor"])
+@pytest.mark.parametrize("inner", INNER_CHOICES)
 def test_resume_equals_uninterrupted(projector: str, inner: str) -> None:
     dtype = torch.bfloat16 if inner == "adamw" else torch.float32  # bf16 exercises rounding
     options = dict(
