@@ -141,13 +141,17 @@ def run_cli_cases(cases: list[tuple[list[str], Path]], scratch: Path,
 
 def tree_digest(root: Path) -> dict[str, str]:
     """Every file and folder under ``root`` (relative path -> SHA-256 of the bytes, or
-    "dir"), to assert that a refused command left what the user had byte-for-byte alone."""
+    "dir"), to assert that a refused command left what the user had byte-for-byte alone.
+    ``__pycache__`` folders are left out: Python writes them when it imports the user's own
+    module (a factory), unless PYTHONDONTWRITEBYTECODE is set; memfit writes none."""
     import hashlib
 
     if not root.exists():
         return {}
     found = {}
     for path in sorted(root.rglob("*")):
+        if "__pycache__" in path.relative_to(root).parts:
+            continue
         relative = str(path.relative_to(root))
         found[relative] = ("dir" if path.is_dir()
                            else hashlib.sha256(path.read_bytes()).hexdigest())
