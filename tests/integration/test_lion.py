@@ -15,7 +15,7 @@ import memfit
 from memfit.config.ignored import IgnoredKeyWarning
 from memfit.optim.lion import Lion
 from memfit.techniques.config_checks import from_mapping, load_config
-from memfit.techniques.optimizers import build_optimizer
+from memfit.techniques.optimizers import OptimizerSetting, build_optimizer
 
 SHAPES = [(6, 4), (4,), (3, 5)]
 LR, BETAS, DECAY = 1e-2, (0.8, 0.95), 0.1
@@ -91,15 +91,16 @@ def _saved(state: dict):  # noqa: ANN202 - an in-memory file
     return buffer
 
 
-def _config(**optimizer):  # noqa: ANN003, ANN202
-    return from_mapping({"model": {"preset": "tiny-llama"}, "data": {"path": "unused"},
-                         "optimizer": {"name": "lion", **optimizer}})
+def _setting(**optimizer):  # noqa: ANN003, ANN202
+    return OptimizerSetting.of(from_mapping({"model": {"preset": "tiny-llama"},
+                                             "data": {"path": "unused"},
+                                             "optimizer": {"name": "lion", **optimizer}}))
 
 
 def test_lion_runs_with_its_own_betas_unless_the_config_names_some() -> None:
     model = torch.nn.Linear(4, 4)
-    assert build_optimizer(model, _config()).param_groups[0]["betas"] == (0.9, 0.99)
-    chosen = build_optimizer(model, _config(betas=[0.95, 0.98]))
+    assert build_optimizer(model, _setting()).param_groups[0]["betas"] == (0.9, 0.99)
+    chosen = build_optimizer(model, _setting(betas=[0.95, 0.98]))
     assert chosen.param_groups[0]["betas"] == (0.95, 0.98)
 
 
@@ -107,10 +108,10 @@ def test_an_option_lion_does_not_read_is_named_as_ignored() -> None:
     with pytest.warns(IgnoredKeyWarning, match=r"optimizer.eps=1e-06 is ignored: optimizer.name="
                       r"lion does not read it \(it reads optimizer.lr, weight_decay, layerwise, "
                       r"betas\)"):
-        _config(eps=1e-6)
+        _setting(eps=1e-6)
     with warnings.catch_warnings():
         warnings.simplefilter("error", IgnoredKeyWarning)
-        _config(betas=[0.9, 0.98])
+        _setting(betas=[0.9, 0.98])
 
 
 @pytest.mark.parametrize("layerwise", ["false", "true"])

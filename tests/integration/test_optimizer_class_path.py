@@ -82,14 +82,14 @@ def test_the_plan_of_a_class_path_optimizer_is_its_real_state() -> None:
     from transformers import LlamaForCausalLM
 
     from memfit.models.presets import PRESETS
-    from memfit.techniques.optimizers import build_optimizer
+    from memfit.techniques.optimizers import OptimizerSetting, build_optimizer
 
     config = from_mapping({"model": {"preset": "tiny-llama"}, "data": {"path": "unused"},
                            "optimizer": {"name": "torch.optim:SGD",
                                          "kwargs": {"momentum": 0.9}}})
     model = LlamaForCausalLM(PRESETS["tiny-llama"]())
     planned = costs.optimizer_cost(costs.trainable_params(model, config), config).state_bytes
-    optimizer = build_optimizer(model, config)
+    optimizer = build_optimizer(model, OptimizerSetting.of(config))
     assert type(optimizer) is torch.optim.SGD and optimizer.defaults["momentum"] == 0.9
     for param in model.parameters():
         param.grad = torch.ones_like(param)

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memfit.config.schema import Config, Precision
+from memfit.config.schema import Config, GaloreConfig, OptimizerConfig, Precision
 from memfit.techniques.optimizers.options import adam_options
 from memfit.techniques.optimizers.registry import spec_for
 
@@ -38,15 +38,15 @@ def load_model(folder: Path, device: torch.device) -> nn.Module:
     return AutoModelForCausalLM.from_pretrained(folder).to(device)
 
 
-def _adam_arguments(config: Config) -> dict[str, Any]:
+def _adam_arguments(optimizer: OptimizerConfig) -> dict[str, Any]:
     # weight_decay given explicitly: torch's and bitsandbytes' defaults are 0.01, memfit's 0.
-    return {**adam_options(config, spec_for(config).options),
-            "weight_decay": config.optimizer.weight_decay}
+    return {**adam_options(optimizer, spec_for(optimizer).options),
+            "weight_decay": optimizer.weight_decay}
 
 
 def torch_adamw(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
     model = load_model(folder, device)
-    optimizer = torch.optim.AdamW(model.parameters(), **_adam_arguments(config))
+    optimizer = torch.optim.AdamW(model.parameters(), **_adam_arguments(config.optimizer))
     return ModelAndOptimizer(model, optimizer)
 
 
@@ -54,7 +54,7 @@ def bnb_adamw8bit(folder: Path, config: Config, device: torch.device) -> ModelAn
     import bitsandbytes as bnb
 
     model = load_model(folder, device)
-    optimizer = bnb.optim.AdamW8bit(model.parameters(), **_adam_arguments(config))
+    optimizer = bnb.optim.AdamW8bit(model.parameters(), **_adam_arguments(config.optimizer))
     return ModelAndOptimizer(model, optimizer)
 
 
@@ -94,7 +94,8 @@ def peft_lora(folder: Path, config: Config, device: torch.device) -> ModelAndOpt
                                              target_modules="all-linear"))
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    return ModelAndOptimizer(model, torch.optim.AdamW(trainable, **_adam_arguments(config)))
+    optimizer = torch.optim.AdamW(trainable, **_adam_arguments(config.optimizer))
+    return ModelAndOptimizer(model, optimizer)
 
 
 def _galore_groups(model: nn.Module) -> tuple[list, list]:
@@ -105,9 +106,8 @@ def _galore_groups(model: nn.Module) -> tuple[list, list]:
     return [p for p in model.parameters() if id(p) not in ids], projected
 
 
-def galore_settings(config: Config) -> dict[str, Any]:
-    """galore-torch's parameter-group options for ``config.optimizer.galore``."""
-    galore = config.optimizer.galore
+def galore_settings(galore: GaloreConfig) -> dict[str, Any]:
+    """galore-torch's parameter-group options for ``optimizer.galore``."""
     return {"rank": galore.rank, "update_proj_gap": galore.update_gap, "scale": galore.scale,
             "proj_type": "std"}
 
@@ -118,8 +118,8 @@ def galore_torch(folder: Path, config: Config, device: torch.device) -> ModelAnd
     model = load_model(folder, device)
     other, projected = _galore_groups(model)
     optimizer = GaLoreAdamW([{"params": other},
-                             {"params": projected, **galore_settings(config)}],
-                            **_adam_arguments(config))
+                             {"params": projected, **galore_settings(config.optimizer.galore)}],
+                            **_adam_arguments(config.optimizer))
     return ModelAndOptimizer(model, optimizer)
 
 
@@ -129,9 +129,10 @@ def _galore_per_layer(make: Callable[..., torch.optim.Optimizer], folder: Path,
     post-accumulate-grad hook (so it steps on every backward; fine without accumulation)."""
     model = load_model(folder, device)
     other, projected = _galore_groups(model)
-    arguments = _adam_arguments(config)
+    arguments = _adam_arguments(config.optimizer)
     per_parameter = {p: make([{"params": [p]}], **arguments) for p in other}
-    per_parameter.update({p: make([{"params": [p], **galore_settings(config)}], **arguments)
+    galore = galore_settings(config.optimizer.galore)
+    per_parameter.update({p: make([{"params": [p], **galore}], **arguments)
                           for p in projected})
 
     def step_parameter(parameter: torch.Tensor) -> None:

@@ -105,8 +105,8 @@ def hf_trainer_galore(folder: Path, config: Config, batches: list[Batch],
             if logs and "loss" in logs and state.global_step in records:
                 records[state.global_step]["loss"] = float(logs["loss"])
 
-    galore = galore_settings(config)
-    adam = adam_options(config, spec_for(config).options)
+    galore = galore_settings(config.optimizer.galore)
+    adam = adam_options(config.optimizer, spec_for(config.optimizer).options)
     arguments = TrainingArguments(
         output_dir=str(Path(config.train.output_dir) / "trainer"), max_steps=len(batches),
         per_device_train_batch_size=1, learning_rate=config.optimizer.lr,

@@ -12,7 +12,7 @@ from torch import nn
 from memfit.config.schema import Config
 from memfit.distributed.ddp import embedding_weights
 from memfit.techniques.moments import OptimizerCost
-from memfit.techniques.optimizers import Param, spec_for
+from memfit.techniques.optimizers import OptimizerSetting, Param, spec_for
 from memfit.techniques.optimizers.groups import split_parameters
 
 # What a CUDA process holds besides tensors: context + cuBLAS/cuDNN workspaces (measured
@@ -24,7 +24,7 @@ ALLOCATOR_SLACK = 0.05
 
 def trainable_params(model: nn.Module, config: Config) -> list[Param]:
     """Trainable parameters (tied ones once), split as training's parameter groups are."""
-    targets = spec_for(config).targets(model, config)
+    targets = spec_for(config.optimizer).targets(model, OptimizerSetting.of(config))
     embeddings = {id(p) for p in embedding_weights(model)}
     linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     return [Param(tuple(parameter.shape), parameter.element_size(), decayed, projected,
@@ -37,11 +37,11 @@ def trainable_params(model: nn.Module, config: Config) -> list[Param]:
 def optimizer_cost(params: list[Param], config: Config) -> OptimizerCost:
     if not params:
         return OptimizerCost(0, 0, 0, 0)
-    spec = spec_for(config)
-    costs = spec.costs(params, config)
+    spec, setting = spec_for(config.optimizer), OptimizerSetting.of(config)
+    costs = spec.costs(params, setting)
     accumulating = config.train.gradient_accumulation_steps > 1 and config.optimizer.layerwise
     return OptimizerCost(sum(cost.state for cost in costs),
-                         spec.step_scratch(params, costs, config),
+                         spec.step_scratch(params, costs, setting),
                          max(cost.scratch for cost in costs),
                          sum(cost.accumulation for cost in costs) if accumulating else 0)
 

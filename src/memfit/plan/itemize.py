@@ -49,7 +49,7 @@ from memfit.techniques import blocks
 from memfit.techniques.distribution import strategy_for
 from memfit.techniques.distribution_traffic import TrafficSizes
 from memfit.techniques.moments import Moment, StepBytes
-from memfit.techniques.optimizers import spec_for
+from memfit.techniques.optimizers import OptimizerSetting, spec_for
 from memfit.techniques.precision import AUTOCAST_DTYPES
 from memfit.techniques.quantize_stand_in import QuantizedLinear, quantized_path, quantizing_bytes
 
@@ -177,8 +177,8 @@ def _step_work(config: Config, sizing: _Sizing, params: list[costs.Param], devic
     FSDP2); what the strategy sends; with optimizer offload, fp32 gradients down and
     weights back up."""
     rows = per_device.rank_zero_rows(params, devices) if devices > 1 else params
-    spec = spec_for(config)
-    optimizer = spec.step_work(rows, spec.costs(rows, config), config)
+    spec, setting = spec_for(config.optimizer), OptimizerSetting.of(config)
+    optimizer = spec.step_work(rows, spec.costs(rows, setting), setting)
     offload = config.memory.optimizer_offload
     units = 1 + sizing.sharded_bytes // max(sizing.units.block, 1)  # the blocks and the root
     traffic = strategy_for(config).traffic(
@@ -194,7 +194,7 @@ def _step_work(config: Config, sizing: _Sizing, params: list[costs.Param], devic
     if spec.backward_work is not None and micro_batch_tokens is not None:
         # Where the optimizer changes backward (GaLore's projected gradients); a factory's
         # tokens per linear layer are unknown, so its backward stays as traced.
-        not_done, done = spec.backward_work(params, config, micro_batch_tokens)
+        not_done, done = spec.backward_work(params, setting, micro_batch_tokens)
         micro_batch = micro_batch.minus(not_done).plus(done)
     tokens = (None if micro_batch_tokens is None else micro_batch_tokens
               * train.gradient_accumulation_steps * config.distributed.nproc)

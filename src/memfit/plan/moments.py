@@ -18,7 +18,7 @@ from memfit.config.schema import Config
 from memfit.techniques import registry
 from memfit.techniques.distribution import strategy_for
 from memfit.techniques.moments import Moment, StepBytes, moment, of_split
-from memfit.techniques.optimizers import spec_for
+from memfit.techniques.optimizers import OptimizerSetting, spec_for
 
 
 def trace_moments(step: StepBytes, config: Config) -> list[Moment]:
@@ -60,7 +60,8 @@ def technique_moments(step: StepBytes, config: Config) -> list[Moment]:
 
 def step_moments(step: StepBytes, config: Config) -> list[Moment]:
     """Every contributor's moments of the whole run, the trace's first."""
-    return [*trace_moments(step, config), *spec_for(config).moments(step, config),
+    optimizer = spec_for(config.optimizer).moments(step, OptimizerSetting.of(config))
+    return [*trace_moments(step, config), *optimizer,
             *strategy_for(config).moments(step, config), *run_moments(step, config),
             *technique_moments(step, config)]
 

@@ -35,7 +35,12 @@ from memfit.optim.row_shards import RowShard
 from memfit.plan.trace import TraceResult
 from memfit.techniques.distribution import strategy_for
 from memfit.techniques.moments import Split
-from memfit.techniques.optimizers import Param, projects_in_backward, spec_for
+from memfit.techniques.optimizers import (
+    OptimizerSetting,
+    Param,
+    projects_in_backward,
+    spec_for,
+)
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,7 @@ def state_bytes(params: list[Param], config: Config, whole_state: int) -> int:
     devices = sharded_over(config)
     if devices == 1:
         return whole_state
-    spec = spec_for(config)
+    spec, setting = spec_for(config.optimizer), OptimizerSetting.of(config)
     if not spec.steps_local_rows:  # torch's optimizers step the DTensor shards
         return -(-whole_state // devices)
 
@@ -106,10 +111,10 @@ def state_bytes(params: list[Param], config: Config, whole_state: int) -> int:
             return 0
         if (index, rows) not in costed:
             if spec.row_shard_state is not None:
-                costed[index, rows] = spec.row_shard_state(param, config, rows)
+                costed[index, rows] = spec.row_shard_state(param, setting, rows)
             else:
                 local = replace(param, shape=(rows, *param.shape[1:]))
-                costed[index, rows] = spec.costs([local], config)[0].state
+                costed[index, rows] = spec.costs([local], setting)[0].state
         return costed[index, rows]
 
     return max(sum(of_rows(index, p, RowShard.of(p.shape, rank, devices).rows)
@@ -166,7 +171,7 @@ def ddp_bucket_bytes(params: list[Param], config: Config) -> int:
     does not wrap the model (another strategy, or layer-wise updates)."""
     if config.distributed.strategy is not DistributedStrategy.DDP or config.optimizer.layerwise:
         return 0
-    memfit_reduces = projects_in_backward(config)
+    memfit_reduces = projects_in_backward(OptimizerSetting.of(config))
     return sum(p.nbytes for p in params
                if not (memfit_reduces and p.projected) and not p.row_sparse)
 

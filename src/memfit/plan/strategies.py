@@ -29,7 +29,7 @@ from typing import Any
 from memfit.config.limits import lookup
 from memfit.config.load import convert_value
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Task
-from memfit.techniques.optimizers import SPECS, spec_for
+from memfit.techniques.optimizers import SPECS, OptimizerSetting, spec_for
 from memfit.techniques.registry import TECHNIQUES
 from memfit.techniques.specs.spec import PLAN_LEVELS
 
@@ -159,7 +159,7 @@ def rungs(config: Config) -> list[Overrides]:
         found.append({"memory.gradient_checkpointing": True})
     if not memory.chunked_loss and config.model.task is Task.CAUSAL_LM and not config.model.factory:
         found.append({"memory.chunked_loss": True})
-    cheaper_optimizer = spec_for(config).cheaper(config)
+    cheaper_optimizer = spec_for(config.optimizer).cheaper(OptimizerSetting.of(config))
     if cheaper_optimizer is not None:
         found.append(cheaper_optimizer)
     if not memory.activation_offload:

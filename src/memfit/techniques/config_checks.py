@@ -23,7 +23,7 @@ def from_mapping(raw: dict[str, Any] | None) -> Config:
     """Build and validate a Config from a raw mapping (YAML or Python); warns about the
     keys it sets that the rest of the config ignores."""
     config = build_unvalidated(Config, raw or {}, prefix="")
-    spec_for(config)  # an unknown optimizer.name is the first thing to say
+    spec_for(config.optimizer)  # an unknown optimizer.name is the first thing to say
     validate(config)
     check_with_specs(config)
     warn_ignored_keys(config, raw or {}, [*optimizer_rules(config), *technique_rules()])
@@ -38,7 +38,8 @@ def load_config(path: str | Path | None, overrides: list[str], base: dict[str, A
 
 def check_with_specs(config: Config) -> None:
     """The combinations an optimizer's or a strategy's spec refuses, as ConfigErrors."""
-    if config.precision is Precision.BF16_PURE and not spec_for(config).rounds_stochastically:
+    rounds = spec_for(config.optimizer).rounds_stochastically
+    if config.precision is Precision.BF16_PURE and not rounds:
         rounding = " or ".join(name for name, spec in SPECS.items()
                                if spec.rounds_stochastically)
         raise ConfigError(

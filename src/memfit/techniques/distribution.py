@@ -35,6 +35,7 @@ from memfit.techniques.distribution_traffic import (
 from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.optimizers.galore import projects_in_backward
 from memfit.techniques.optimizers.registry import spec_for
+from memfit.techniques.optimizers.setting import OptimizerSetting
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def _trains_everything(config: Config) -> None:
 
 
 def _fsdp_refusal(config: Config) -> str | None:
-    why = spec_for(config).fsdp_refusal(config)
+    why = spec_for(config.optimizer).fsdp_refusal(OptimizerSetting.of(config))
     if why is not None:
         return why
     if config.precision is Precision.FP16:
@@ -94,7 +95,7 @@ def _no_replicas(model: nn.Module, optimizer: Optimizer, config: Config,
 
 def _replicas(model: nn.Module, optimizer: Optimizer, config: Config,
               device: torch.device) -> Replicas:
-    return Replicas(model, optimizer, projects_in_backward(config), device)
+    return Replicas(model, optimizer, projects_in_backward(OptimizerSetting.of(config)), device)
 
 
 STRATEGIES = {

@@ -15,7 +15,7 @@ from memfit.techniques.registry import TECHNIQUES
 
 def optimizer_rules(config: Config) -> list[Rule]:
     """The rules for ``config``'s optimizer: its unread keys, then its own rules."""
-    spec = spec_for(config)
+    spec = spec_for(config.optimizer)
     reads = "optimizer." + ", ".join(key for key in (*SHARED_KEYS, *spec.options)
                                      if key != "name")
     rules = [Rule((_pattern(field),), lambda c: True,

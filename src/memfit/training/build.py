@@ -46,7 +46,7 @@ from memfit.techniques import registry
 from memfit.techniques.activation_offload import ActivationOffload
 from memfit.techniques.adapter_map import AdapterMap, adapter_map
 from memfit.techniques.distribution import strategy_for
-from memfit.techniques.optimizers import build_optimizer
+from memfit.techniques.optimizers import OptimizerSetting, build_optimizer
 from memfit.techniques.precision import grad_scaler
 from memfit.training.objective import Objective
 from memfit.training.schedule import build_scheduler
@@ -148,7 +148,8 @@ def place_and_optimize(model: nn.Module, config: Config, is_transformers: bool,
     the optimizer stage."""
     setting = registry.setting(model, config, is_transformers, device.type)
     model = strategy_for(config).place(model, setting, device)
-    return model, registry.apply_stage("optimizer", build_optimizer(model, config), setting)
+    optimizer = build_optimizer(model, OptimizerSetting.of(config))
+    return model, registry.apply_stage("optimizer", optimizer, setting)
 
 
 def split_sequences(model: nn.Module, size: int, max_length: int

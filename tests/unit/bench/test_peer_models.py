@@ -40,7 +40,7 @@ def test_galore_projects_the_attention_and_mlp_matrices(folder: Path):
     assert len(projected) == 14 and all(p.dim() == 2 for p in projected)
     assert len(other) + len(projected) == len(list(model.parameters()))
     settings = galore_settings(case_config(folder, {"optimizer.name": "galore",
-                                                    "optimizer.galore.rank": 4}))
+                                                    "optimizer.galore.rank": 4}).optimizer.galore)
     assert settings["rank"] == 4 and settings["proj_type"] == "std"
 
 

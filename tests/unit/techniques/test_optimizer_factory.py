@@ -7,7 +7,7 @@ from torch import nn
 
 from memfit.optim import GaLore, LayerwiseOptimizer
 from memfit.techniques.config_checks import from_mapping
-from memfit.techniques.optimizers import build_optimizer
+from memfit.techniques.optimizers import OptimizerSetting, build_optimizer
 
 
 def _model() -> nn.Module:
@@ -26,7 +26,7 @@ def _build(model: nn.Module, optimizer: dict, **top) -> object:
     config = from_mapping({"model": {"preset": "tiny-llama"}, "data": {"path": "rows.jsonl"},
                            "optimizer": {"name": "galore", "galore": {"rank": 8}, **optimizer},
                            **top})
-    return build_optimizer(model, config)
+    return build_optimizer(model, OptimizerSetting.of(config))
 
 
 @pytest.mark.parametrize("layerwise", [False, True])

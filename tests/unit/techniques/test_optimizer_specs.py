@@ -11,7 +11,7 @@ from memfit._utils.errors import ConfigError
 from memfit.config.schema import GaloreProjector
 from memfit.plan import costs, next_cheaper
 from memfit.techniques.config_checks import from_mapping
-from memfit.techniques.optimizers import SPECS, build_optimizer, spec_for
+from memfit.techniques.optimizers import SPECS, OptimizerSetting, build_optimizer, spec_for
 from memfit.techniques.optimizers.groups import galore_targets
 
 
@@ -59,7 +59,7 @@ def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int =
 
 def test_every_registered_optimizer_is_known_by_its_own_name() -> None:
     for name, spec in SPECS.items():
-        assert spec.name == name and spec_for(_config({"name": name})) is spec
+        assert spec.name == name and spec_for(_config({"name": name}).optimizer) is spec
     with pytest.raises(ConfigError, match="optimizer.name='lamb' is not one of: adamw, "):
         _config({"name": "lamb"})
 
@@ -83,7 +83,7 @@ def test_planned_state_is_the_state_a_step_leaves(model, optimizer: dict) -> Non
     built = model()
     planned = costs.optimizer_cost(costs.trainable_params(built, config), config).state_bytes
     try:
-        real = build_optimizer(built, config)
+        real = build_optimizer(built, OptimizerSetting.of(config))
     except ConfigError as error:  # paged_adamw8bit pages GPU memory
         if "needs CUDA" not in str(error):
             raise
@@ -97,7 +97,7 @@ def test_bf16_pure_adamw_is_memfits_with_fp32_moments() -> None:
     config = _config({"name": "adamw"}, precision="bf16-pure")
     built = _llama().to(torch.bfloat16)
     planned = costs.optimizer_cost(costs.trainable_params(built, config), config).state_bytes
-    real = build_optimizer(built, config)
+    real = build_optimizer(built, OptimizerSetting.of(config))
     _step(built, real)
     assert planned == _state_bytes(real)
 
@@ -115,10 +115,10 @@ def test_galore_targets_are_linear_and_conv1d_layers_but_not_the_head() -> None:
 
 
 def test_the_ladder_asks_the_optimizer_spec() -> None:
-    assert spec_for(_config({"name": "adamw"})).cheaper(_config({"name": "adamw"})) == {
-        "optimizer.name": "adamw8bit"}
-    galore8bit = _config({"name": "galore", "galore": {"inner": "adamw8bit"}})
-    assert spec_for(galore8bit).cheaper(galore8bit) is None
+    adamw = OptimizerSetting.of(_config({"name": "adamw"}))
+    assert spec_for(adamw.optimizer).cheaper(adamw) == {"optimizer.name": "adamw8bit"}
+    galore8bit = OptimizerSetting.of(_config({"name": "galore", "galore": {"inner": "adamw8bit"}}))
+    assert spec_for(galore8bit.optimizer).cheaper(galore8bit) is None
     # 8-bit AdamW cannot train bf16 weights: the ladder goes on to activation offload.
     pure = _config({"name": "adamw"}, precision="bf16-pure", train={"micro_batch_size": 1},
                    memory={"gradient_checkpointing": True, "chunked_loss": True})

@@ -11,7 +11,8 @@ SPEC (its options and their defaults included), one line in registry.py, its tes
 from memfit.techniques.optimizers.build import build_optimizer
 from memfit.techniques.optimizers.galore import projects_in_backward
 from memfit.techniques.optimizers.registry import SPECS, spec_for
+from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.optimizers.spec import OptimizerSpec, Param, ParamCost
 
-__all__ = ["SPECS", "OptimizerSpec", "Param", "ParamCost", "build_optimizer",
-           "projects_in_backward", "spec_for"]
+__all__ = ["SPECS", "OptimizerSetting", "OptimizerSpec", "Param", "ParamCost",
+           "build_optimizer", "projects_in_backward", "spec_for"]

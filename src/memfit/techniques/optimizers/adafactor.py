@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import torch
 
-from memfit.config.schema import Config, DistributedStrategy
+from memfit.config.schema import DistributedStrategy
+from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.optimizers.spec import (
     Factory,
     OptimizerSpec,
@@ -23,15 +24,15 @@ from memfit.techniques.optimizers.spec import (
 from memfit.techniques.optimizers.step_work import ADAFACTOR, streaming
 
 
-def _factory(config: Config) -> Factory:
-    if config.distributed.strategy is DistributedStrategy.FSDP:
+def _factory(setting: OptimizerSetting) -> Factory:
+    if setting.strategy is DistributedStrategy.FSDP:
         from memfit.optim import Adafactor
 
-        return lambda groups: Adafactor(groups, lr=config.optimizer.lr)
-    return lambda groups: torch.optim.Adafactor(groups, lr=config.optimizer.lr)
+        return lambda groups: Adafactor(groups, lr=setting.optimizer.lr)
+    return lambda groups: torch.optim.Adafactor(groups, lr=setting.optimizer.lr)
 
 
-def _cost(param: Param, config: Config) -> ParamCost:
+def _cost(param: Param, setting: OptimizerSetting) -> ParamCost:
     numel, shape = param.numel, param.shape
     rows_and_columns = (numel // shape[-1] + numel // shape[-2] if len(shape) >= 2 else numel)
     return ParamCost(rows_and_columns * param.element_size + 4, 2 * param.nbytes, param.nbytes)

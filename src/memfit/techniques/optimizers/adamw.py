@@ -10,10 +10,11 @@ bounded by BATCH_BYTES), or a few fp32 row chunks of one parameter (memfit).
 from __future__ import annotations
 
 from memfit.config.choices import GaloreInner
-from memfit.config.schema import Config, Precision
+from memfit.config.schema import Precision
 from memfit.optim.bounded_adamw import step_scratch_bound
 from memfit.optim.inner import chunked_update_scratch_bytes
 from memfit.techniques.optimizers.options import adam_options
+from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.optimizers.spec import (
     LAYERWISE,
     PLAIN,
@@ -33,26 +34,26 @@ from memfit.techniques.optimizers.step_work import ADAMW, streaming
 ADAM_OPTIONS = {"betas": (0.9, 0.999), "eps": 1e-8}
 
 
-def _factory(config: Config) -> Factory:
-    if config.precision is Precision.BF16_PURE:
+def _factory(setting: OptimizerSetting) -> Factory:
+    if setting.precision is Precision.BF16_PURE:
         from memfit.optim import AdamW
 
-        return lambda groups: AdamW(groups, **adam_options(config, ADAM_OPTIONS))
+        return lambda groups: AdamW(groups, **adam_options(setting.optimizer, ADAM_OPTIONS))
     from memfit.optim.bounded_adamw import BoundedAdamW
 
-    return lambda groups: BoundedAdamW(groups, **adam_options(config, ADAM_OPTIONS))
+    return lambda groups: BoundedAdamW(groups, **adam_options(setting.optimizer, ADAM_OPTIONS))
 
 
-def _cost(param: Param, config: Config) -> ParamCost:
-    if config.precision is Precision.BF16_PURE:
+def _cost(param: Param, setting: OptimizerSetting) -> ParamCost:
+    if setting.precision is Precision.BF16_PURE:
         scratch = chunked_update_scratch_bytes(param.numel, GaloreInner.ADAMW)
         return ParamCost(8 * param.numel, scratch, param.nbytes)
     return ParamCost(2 * param.nbytes + 4, param.nbytes, param.nbytes)
 
 
-def _step_scratch(params: list[Param], costs: list[ParamCost], config: Config) -> int:
-    if config.precision is Precision.BF16_PURE:  # one parameter's row chunks at a time
-        return largest_scratch(params, costs, config)
+def _step_scratch(params: list[Param], costs: list[ParamCost], setting: OptimizerSetting) -> int:
+    if setting.precision is Precision.BF16_PURE:  # one parameter's row chunks at a time
+        return largest_scratch(params, costs, setting)
     # The parameter groups (decayed matrices, the rest) are stepped one after the other.
     groups = ([p.nbytes for p in params if p.decayed], [p.nbytes for p in params if not p.decayed])
     return step_scratch_bound(groups)
@@ -74,6 +75,6 @@ SPEC = OptimizerSpec(
     step_scratch=_step_scratch,
     rounds_stochastically=True,
     # 8-bit AdamW rounds to nearest, so bf16-pure weights keep memfit's AdamW.
-    cheaper=lambda config: (None if config.precision is Precision.BF16_PURE
-                            else {"optimizer.name": "adamw8bit"}),
+    cheaper=lambda setting: (None if setting.precision is Precision.BF16_PURE
+                             else {"optimizer.name": "adamw8bit"}),
 )

@@ -13,9 +13,9 @@ from dataclasses import replace
 import torch
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import Config
 from memfit.techniques.optimizers.adamw import ADAM_OPTIONS
 from memfit.techniques.optimizers.options import adam_options
+from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.optimizers.spec import (
     Factory,
     OptimizerSpec,
@@ -30,41 +30,41 @@ QUANT_BLOCK = 256  # values per absmax scale
 CODE_BOOK_BYTES = 2 * 256 * 4  # bitsandbytes' dynamic maps of both moments, per optimizer
 
 
-def _paged_refusal(config: Config) -> str:
+def _paged_refusal(setting: OptimizerSetting) -> str:
     return ("optimizer.name=paged_adamw8bit: its state is paged between GPU and host memory "
             "by CUDA, which FSDP2's sharded parameters do not go through; use "
             "optimizer.name=adamw8bit")
 
 
 def _factory(paged: bool):
-    def make(config: Config) -> Factory:
+    def make(setting: OptimizerSetting) -> Factory:
         if paged and not torch.cuda.is_available():
             raise ConfigError("optimizer.name=paged_adamw8bit needs CUDA (it pages GPU "
                               "memory to the host); use adamw8bit on this machine")
         if paged:
             import bitsandbytes as bnb
 
-            options = adam_options(config, ADAM_OPTIONS)
+            options = adam_options(setting.optimizer, ADAM_OPTIONS)
             return lambda groups: bnb.optim.PagedAdamW8bit(groups, **options)
         from memfit.optim.adamw8bit import AdamW8bit
 
-        return lambda groups: AdamW8bit(groups, **adam_options(config, ADAM_OPTIONS))
+        return lambda groups: AdamW8bit(groups, **adam_options(setting.optimizer, ADAM_OPTIONS))
 
     return make
 
 
-def _cost(param: Param, config: Config) -> ParamCost:
+def _cost(param: Param) -> ParamCost:
     numel = param.numel
     small = numel < BNB_MIN_8BIT_SIZE
     state = 8 * numel if small else 2 * numel + 2 * 4 * -(-numel // QUANT_BLOCK)
     return ParamCost(state, 3 * 4 * numel, param.nbytes)
 
 
-def _costs(params: list[Param], config: Config) -> list[ParamCost]:
+def _costs(params: list[Param], setting: OptimizerSetting) -> list[ParamCost]:
     """Each parameter's _cost; and the two code books (256 fp32 values each, signed for the
     first moment, unsigned for the second) one optimizer keeps once its first quantized
     state exists, counted with that parameter's state."""
-    costs = [_cost(param, config) for param in params]
+    costs = [_cost(param) for param in params]
     first = next((i for i, p in enumerate(params) if p.numel >= BNB_MIN_8BIT_SIZE), None)
     if first is not None:
         costs[first] = replace(costs[first], state=costs[first].state + CODE_BOOK_BYTES)

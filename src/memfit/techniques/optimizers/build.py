@@ -23,20 +23,20 @@ from torch import nn
 from torch.optim import Optimizer
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import Config
 from memfit.distributed.fsdp import is_sharded
 from memfit.techniques.optimizers.galore import projects_in_backward
 from memfit.techniques.optimizers.groups import parameter_groups
 from memfit.techniques.optimizers.registry import spec_for
+from memfit.techniques.optimizers.setting import OptimizerSetting
 
 
-def build_optimizer(model: nn.Module, config: Config) -> Optimizer:
-    spec = spec_for(config)
-    groups = parameter_groups(model, config.optimizer, spec.targets(model, config))
+def build_optimizer(model: nn.Module, setting: OptimizerSetting) -> Optimizer:
+    spec = spec_for(setting.optimizer)
+    groups = parameter_groups(model, setting.optimizer, spec.targets(model, setting))
     if not groups:
         raise ConfigError("the model has no trainable parameters (check adapter.*)")
-    make = spec.factory(config)
-    if config.optimizer.layerwise:
+    make = spec.factory(setting)
+    if setting.optimizer.layerwise:
         from memfit.optim import LayerwiseOptimizer
 
         per_parameter = make
@@ -44,17 +44,17 @@ def build_optimizer(model: nn.Module, config: Config) -> Optimizer:
         def make(groups: list[dict]) -> Optimizer:
             return LayerwiseOptimizer(
                 groups, make_optimizer=per_parameter,
-                gradient_accumulation_steps=config.train.gradient_accumulation_steps,
-                max_grad_norm=config.train.max_grad_norm,
-                projector_refresh=config.optimizer.galore.layerwise_refresh.value)
-    if is_sharded(model) and (spec.steps_local_rows or config.optimizer.layerwise):
+                gradient_accumulation_steps=setting.accumulation_steps,
+                max_grad_norm=setting.max_grad_norm,
+                projector_refresh=setting.optimizer.galore.layerwise_refresh.value)
+    if is_sharded(model) and (spec.steps_local_rows or setting.optimizer.layerwise):
         # Layer-wise too: its hooks hand each process's rows to the per-parameter steps.
         from memfit.distributed.local_rows import LocalRowsOptimizer
 
         optimizer = LocalRowsOptimizer(groups, make)
     else:
         optimizer = make(groups)
-    if projects_in_backward(config):
+    if projects_in_backward(setting):
         from memfit.optim.backward_projection import project_in_backward
 
         projected = {id(p) for group in groups if group["project"] for p in group["params"]}

@@ -17,16 +17,17 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.optim import Optimizer
 
 from memfit._utils.errors import ConfigError, first_line
-from memfit.config.schema import Config
+from memfit.config.schema import OptimizerConfig
 from memfit.models.load import import_object
+from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.optimizers.spec import Factory, OptimizerSpec, Param, ParamCost
 
 _DTYPES = {8: torch.float64, 4: torch.float32, 2: torch.bfloat16}
 
 
-def optimizer_class(config: Config) -> type[Optimizer]:
+def optimizer_class(optimizer: OptimizerConfig) -> type[Optimizer]:
     """The class optimizer.name names, or a ConfigError saying why it cannot be one."""
-    reference = config.optimizer.name
+    reference = optimizer.name
     found = import_object(reference, "optimizer.name")
     if not (isinstance(found, type) and issubclass(found, Optimizer)):
         raise ConfigError(f"optimizer.name={reference!r} is not a torch.optim.Optimizer "
@@ -34,18 +35,19 @@ def optimizer_class(config: Config) -> type[Optimizer]:
     return found
 
 
-def _factory(config: Config) -> Factory:
-    cls = optimizer_class(config)
-    options = {"lr": config.optimizer.lr, **config.optimizer.kwargs}
+def _factory(setting: OptimizerSetting) -> Factory:
+    chosen = setting.optimizer
+    cls = optimizer_class(chosen)
+    options = {"lr": chosen.lr, **chosen.kwargs}
 
     def make(groups: list[dict]) -> Optimizer:
         try:
             optimizer = cls(groups, **options)
         except Exception as error:  # noqa: BLE001 - the user's optimizer failed; say which
-            raise ConfigError(f"optimizer.name={config.optimizer.name!r} refused "
-                              f"optimizer.kwargs={dict(config.optimizer.kwargs)}: "
+            raise ConfigError(f"optimizer.name={chosen.name!r} refused "
+                              f"optimizer.kwargs={dict(chosen.kwargs)}: "
                               f"{first_line(error)}") from None
-        _check_state_after_first_step(optimizer, config.optimizer.name)
+        _check_state_after_first_step(optimizer, chosen.name)
         return optimizer
 
     return make
@@ -85,8 +87,8 @@ def _unrestorable(value: object) -> object | None:
     return None if isinstance(value, _RESTORABLE) else value
 
 
-def _costs(params: list[Param], config: Config) -> list[ParamCost]:
-    make = _factory(config)
+def _costs(params: list[Param], setting: OptimizerSetting) -> list[ParamCost]:
+    make = _factory(setting)
     distinct = list(dict.fromkeys((p.shape, p.element_size) for p in params))
     state: dict[tuple, int] = {}
     try:
@@ -102,14 +104,14 @@ def _costs(params: list[Param], config: Config) -> list[ParamCost]:
     except ConfigError:
         raise
     except Exception as error:  # noqa: BLE001 - the user's optimizer failed; say which
-        raise ConfigError(f"cannot plan optimizer.name={config.optimizer.name!r}: one step on "
+        raise ConfigError(f"cannot plan optimizer.name={setting.optimizer.name!r}: one step on "
                           f"fake tensors failed ({first_line(error)}); train it without "
                           "memfit plan / memory.auto") from None
     return [ParamCost(state[p.shape, p.element_size], p.nbytes, p.nbytes) for p in params]
 
 
-def spec(config: Config) -> OptimizerSpec:
-    return OptimizerSpec(name=config.optimizer.name, docs_row=DOCS_ROW, options={"kwargs": None},
+def spec(optimizer: OptimizerConfig) -> OptimizerSpec:
+    return OptimizerSpec(name=optimizer.name, docs_row=DOCS_ROW, options={"kwargs": None},
                          factory=_factory, costs=_costs, bench=())
 
 

@@ -20,8 +20,8 @@ from torch import nn
 
 from memfit.config.ignored import Rule
 from memfit.config.schema import (
-    Config,
     DistributedStrategy,
+    GaloreConfig,
     GaloreInner,
     GaloreProjector,
     Precision,
@@ -33,6 +33,7 @@ from memfit.optim.layerwise import LayerwiseOptimizer
 from memfit.techniques.optimizers.adamw import ADAM_OPTIONS
 from memfit.techniques.optimizers.groups import galore_targets
 from memfit.techniques.optimizers.options import adam_options
+from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.optimizers.spec import (
     LAYERWISE,
     PLAIN,
@@ -52,17 +53,16 @@ from memfit.techniques.work import Work, matmul, memory
 _SKETCH_OVERSAMPLE = 8  # memfit.optim.projectors.randomized_svd_basis
 
 
-def group_settings(config: Config, projected: bool) -> dict:
+def group_settings(galore: GaloreConfig, projected: bool) -> dict:
     """The GaLore parameter-group options a parameter gets (what ``projection`` reads)."""
-    galore = config.optimizer.galore
     return {"rank": galore.rank, "projector": galore.projector.value,
             "inner": galore.inner.value, "project": projected}
 
 
-def _factory(config: Config) -> Factory:
-    galore = config.optimizer.galore
+def _factory(setting: OptimizerSetting) -> Factory:
+    galore = setting.optimizer.galore
     return lambda groups: GaLore(
-        groups, **adam_options(config, ADAM_OPTIONS), rank=galore.rank,
+        groups, **adam_options(setting.optimizer, ADAM_OPTIONS), rank=galore.rank,
         update_gap=galore.update_gap,
         scale=galore.scale, projector=galore.projector.value, inner=galore.inner.value,
         subspace_change=galore.subspace_change.value)
@@ -80,13 +80,14 @@ def _refresh_scratch(projector: str, small: int, rank: int, large: int) -> int:
     return 4 * small * rank
 
 
-def _cost(param: Param, config: Config) -> ParamCost:
-    group = group_settings(config, param.projected)
-    inner = config.optimizer.galore.inner.value
+def _cost(param: Param, setting: OptimizerSetting) -> ParamCost:
+    galore = setting.optimizer.galore
+    group = group_settings(galore, param.projected)
+    inner = galore.inner.value
     chunks = chunked_update_scratch_bytes(param.numel, inner)
     buffer = LayerwiseOptimizer.buffer_bytes(
         param.nbytes, GaLore.accumulation_shape_of(param.shape, group),
-        config.optimizer.galore.layerwise_refresh.value)
+        galore.layerwise_refresh.value)
     state = GaLore.state_bytes(param.shape, group)
     sides = GaLore.projection(param.shape, group)
     if sides is None:
@@ -118,18 +119,18 @@ def _refresh_flops(projector: str, small: int, rank: int, large: int) -> int:
     return small * rank  # random / apollo_mini: a Gaussian P
 
 
-def _step_work(params: list[Param], costs: list[ParamCost], config: Config) -> Work:
+def _step_work(params: list[Param], costs: list[ParamCost], setting: OptimizerSetting) -> Work:
     """Per projected weight (s x l gradient g, rank r): R = P^T g (2 r s l FLOPs; on the
     steps that keep P, R comes from backward instead where it is projected there:
     _backward_work) and the update P N (2 r s l), the inner rule on R (r x l), the weight's
     update from the full-size direction (4 passes of s x l); the refresh amortised over
     update_gap steps. Other parameters: the inner rule over them."""
-    galore = config.optimizer.galore
+    galore = setting.optimizer.galore
     inner = _INNER[galore.inner]
-    in_backward = projects_in_backward(config)
+    in_backward = projects_in_backward(setting)
     total = Work()
     for param in params:
-        sides = GaLore.projection(param.shape, group_settings(config, param.projected))
+        sides = GaLore.projection(param.shape, group_settings(galore, param.projected))
         if sides is None:
             total = total.plus(inner.of(param.numel))
             continue
@@ -145,7 +146,8 @@ def _step_work(params: list[Param], costs: list[ParamCost], config: Config) -> W
     return total
 
 
-def _backward_work(params: list[Param], config: Config, tokens: int) -> tuple[Work, Work]:
+def _backward_work(params: list[Param], setting: OptimizerSetting, tokens: int
+                   ) -> tuple[Work, Work]:
     """With optimizer.galore.project_in_backward (memfit/optim/backward_projection.py), on
     the update_gap - 1 of every update_gap steps that keep P, a projected linear weight
     (out x in) gets no gradient D^T X (2 T out in FLOPs in the compute dtype, as the trace
@@ -153,12 +155,13 @@ def _backward_work(params: list[Param], config: Config, tokens: int) -> tuple[Wo
     (2 T r (out + in) FLOPs, and the casts' bytes when the compute dtype is not fp32). T:
     the micro-batch's tokens."""
     removed = added = Work()
-    if not projects_in_backward(config):
+    if not projects_in_backward(setting):
         return removed, added
-    gap = config.optimizer.galore.update_gap
-    dtype = str(compute_dtype(config.precision)).removeprefix("torch.")
+    galore = setting.optimizer.galore
+    gap = galore.update_gap
+    dtype = str(compute_dtype(setting.precision)).removeprefix("torch.")
     for param in params:
-        sides = GaLore.projection(param.shape, group_settings(config, param.projected))
+        sides = GaLore.projection(param.shape, group_settings(galore, param.projected))
         if sides is None or not param.linear_weight:
             continue
         (out, inputs), rank = param.shape, sides[1]
@@ -171,27 +174,27 @@ def _backward_work(params: list[Param], config: Config, tokens: int) -> tuple[Wo
     return removed, added
 
 
-def projects_in_backward(config: Config) -> bool:
+def projects_in_backward(setting: OptimizerSetting) -> bool:
     """Whether GaLore takes R = P^T G from linear layers' backward (see
     memfit/optim/backward_projection.py): not where a step needs every full gradient
     (online/random projectors), where P lives on the host between steps (optimizer
     offload), where GradScaler must unscale the gradients (fp16) or where FSDP2 shards the
     weights (R would be a partial sum over each process's micro-batch)."""
-    optimizer = config.optimizer
+    optimizer = setting.optimizer
     return (optimizer.name == "galore" and optimizer.galore.project_in_backward
-            and config.distributed.strategy is not DistributedStrategy.FSDP
+            and setting.strategy is not DistributedStrategy.FSDP
             and optimizer.galore.projector in (GaloreProjector.SVD,
                                                GaloreProjector.RANDOMIZED_SVD)
-            and not config.memory.optimizer_offload and config.precision is not Precision.FP16)
+            and not setting.offloaded and setting.precision is not Precision.FP16)
 
 
-def _row_shard_state(param: Param, config: Config, rows: int) -> int:
-    return GaLore.row_shard_state_bytes(param.shape, group_settings(config, param.projected),
-                                        rows)
+def _row_shard_state(param: Param, setting: OptimizerSetting, rows: int) -> int:
+    return GaLore.row_shard_state_bytes(
+        param.shape, group_settings(setting.optimizer.galore, param.projected), rows)
 
 
-def _targets(model: nn.Module, config: Config) -> set[int]:
-    return galore_targets(model, config.optimizer.galore.modules)
+def _targets(model: nn.Module, setting: OptimizerSetting) -> set[int]:
+    return galore_targets(model, setting.optimizer.galore.modules)
 
 
 # What GaLore steps on FSDP2's row shards (memfit.optim.galore: P from the gathered
@@ -199,8 +202,8 @@ def _targets(model: nn.Module, config: Config) -> set[int]:
 _ON_SHARDS = ((GaloreProjector.SVD, GaloreProjector.RANDOMIZED_SVD), (GaloreInner.ADAMW,))
 
 
-def _fsdp_refusal(config: Config) -> str | None:
-    galore = config.optimizer.galore
+def _fsdp_refusal(setting: OptimizerSetting) -> str | None:
+    galore = setting.optimizer.galore
     projectors, inners = _ON_SHARDS
     if galore.projector not in projectors:
         return (f"optimizer.galore.projector={galore.projector}: its update reads the whole "
@@ -213,8 +216,8 @@ def _fsdp_refusal(config: Config) -> str | None:
     return None
 
 
-def _cheaper(config: Config) -> dict | None:
-    if config.optimizer.galore.inner is GaloreInner.ADAMW:
+def _cheaper(setting: OptimizerSetting) -> dict | None:
+    if setting.optimizer.galore.inner is GaloreInner.ADAMW:
         return {"optimizer.galore.inner": "adamw8bit"}
     return None
 

@@ -7,21 +7,21 @@ parameter. Elementwise, so under FSDP2 it steps each process's rows as they are.
 
 from __future__ import annotations
 
-from memfit.config.schema import Config
 from memfit.optim.lion import Lion
 from memfit.techniques.optimizers.options import resolved_option
+from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.optimizers.spec import Factory, OptimizerSpec, Param, ParamCost, per_param
 from memfit.techniques.optimizers.step_work import LION, streaming
 
 LION_OPTIONS = {"betas": (0.9, 0.99)}  # the paper's defaults
 
 
-def _factory(config: Config) -> Factory:
-    betas = tuple(resolved_option(config, "betas", LION_OPTIONS))
-    return lambda groups: Lion(groups, lr=config.optimizer.lr, betas=betas)
+def _factory(setting: OptimizerSetting) -> Factory:
+    betas = tuple(resolved_option(setting.optimizer, "betas", LION_OPTIONS))
+    return lambda groups: Lion(groups, lr=setting.optimizer.lr, betas=betas)
 
 
-def _cost(param: Param, config: Config) -> ParamCost:
+def _cost(param: Param, setting: OptimizerSetting) -> ParamCost:
     return ParamCost(param.nbytes, param.nbytes, param.nbytes)
 
 

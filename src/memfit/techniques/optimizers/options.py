@@ -6,20 +6,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from memfit.config.schema import Config
+from memfit.config.schema import OptimizerConfig
 
 # What every optimizer reads; the rest of optimizer.* belongs to the specs that list it.
 SHARED_KEYS = ("name", "lr", "weight_decay", "layerwise")
 
 
-def resolved_option(config: Config, key: str, defaults: Mapping[str, Any]) -> Any:
+def resolved_option(optimizer: OptimizerConfig, key: str, defaults: Mapping[str, Any]) -> Any:
     """optimizer.<key> as an optimizer whose spec's options are ``defaults`` runs it: the
     config's value, or the default where the config leaves it null."""
-    value = getattr(config.optimizer, key)
+    value = getattr(optimizer, key)
     return defaults[key] if value is None else value
 
 
-def adam_options(config: Config, defaults: Mapping[str, Any]) -> dict:
+def adam_options(optimizer: OptimizerConfig, defaults: Mapping[str, Any]) -> dict:
     """lr, betas, eps: what memfit's Adam-type optimizers take from optimizer.*."""
-    return {"lr": config.optimizer.lr, "betas": tuple(resolved_option(config, "betas", defaults)),
-            "eps": resolved_option(config, "eps", defaults)}
+    return {"lr": optimizer.lr, "betas": tuple(resolved_option(optimizer, "betas", defaults)),
+            "eps": resolved_option(optimizer, "eps", defaults)}

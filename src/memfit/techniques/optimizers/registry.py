@@ -4,7 +4,7 @@ the one a config names (a class path gets class_path's). One line per optimizer 
 from __future__ import annotations
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import Config
+from memfit.config.schema import OptimizerConfig
 from memfit.techniques.optimizers import adafactor, adamw, adamw8bit, class_path, galore, lion, sgd
 from memfit.techniques.optimizers.spec import OptimizerSpec
 
@@ -25,12 +25,13 @@ def is_class_path(name: str) -> bool:
     return ":" in name
 
 
-def spec_for(config: Config) -> OptimizerSpec:
-    """The named optimizer's spec; a ConfigError naming the choices for an unknown name."""
-    name = config.optimizer.name
+def spec_for(optimizer: OptimizerConfig) -> OptimizerSpec:
+    """The spec of the optimizer optimizer.name names; a ConfigError naming the choices for
+    an unknown name."""
+    name = optimizer.name
     if name in SPECS:
         return SPECS[name]
     if is_class_path(name):
-        return class_path.spec(config)
+        return class_path.spec(optimizer)
     raise ConfigError(f"optimizer.name={name!r} is not one of: {', '.join(SPECS)}, or a class "
                       "path 'package.module:Class' of a torch.optim.Optimizer")

@@ -11,6 +11,6 @@ SPEC = OptimizerSpec(
     name="sgd",
     docs_row=("`torch.optim.SGD`", "none"),
     bench=(),  # no state: nothing for the memory benchmark to compare
-    factory=lambda config: lambda groups: torch.optim.SGD(groups, lr=config.optimizer.lr),
-    costs=per_param(lambda param, config: ParamCost(0, 0, param.nbytes)),
+    factory=lambda setting: lambda groups: torch.optim.SGD(groups, lr=setting.optimizer.lr),
+    costs=per_param(lambda param, setting: ParamCost(0, 0, param.nbytes)),
     step_work=streaming(SGD))

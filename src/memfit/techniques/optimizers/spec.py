@@ -17,8 +17,8 @@ from torch import nn
 from torch.optim import Optimizer
 
 from memfit.config.ignored import Rule
-from memfit.config.schema import Config
 from memfit.techniques.moments import Moment, StepBytes
+from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.optimizers.step_moments import step_moments
 from memfit.techniques.optimizers.step_work import OTHER, BackwardWork, StepWork, streaming
 
@@ -60,19 +60,20 @@ class ParamCost:
     accumulation: int  # its buffer when layer-wise updates accumulate micro-batches
 
 
-def no_targets(model: nn.Module, config: Config) -> set[int] | None:
+def no_targets(model: nn.Module, setting: OptimizerSetting) -> set[int] | None:
     return None
 
 
-def trains_under_fsdp(config: Config) -> str | None:
+def trains_under_fsdp(setting: OptimizerSetting) -> str | None:
     return None
 
 
-def never_cheaper(config: Config) -> dict | None:
+def never_cheaper(setting: OptimizerSetting) -> dict | None:
     return None
 
 
-def largest_scratch(params: list[Param], costs: list[ParamCost], config: Config) -> int:
+def largest_scratch(params: list[Param], costs: list[ParamCost],
+                    setting: OptimizerSetting) -> int:
     """The step updates one parameter at a time: the largest one's scratch."""
     return max((cost.scratch for cost in costs), default=0)
 
@@ -98,11 +99,12 @@ class OptimizerSpec:
     name: str  # optimizer.name
     # Its row in docs/optimizers.md: (what implements it, the state it keeps per parameter).
     docs_row: tuple[str, str]
-    # optimizer.* (and precision) -> a factory over parameter groups; raises ConfigError
-    # where this machine cannot run it.
-    factory: Callable[[Config], Factory]
+    # Every callable below is handed the optimizer's setting (setting.py), never the whole
+    # config. The setting -> a factory over parameter groups; raises ConfigError where this
+    # machine cannot run it.
+    factory: Callable[[OptimizerSetting], Factory]
     # Bytes per trainable parameter, in the order given.
-    costs: Callable[[list[Param], Config], list[ParamCost]]
+    costs: Callable[[list[Param], OptimizerSetting], list[ParamCost]]
     # The optimizer.* keys it reads besides name, lr, weight_decay and layerwise, each with
     # its own default for when the config leaves the key null (options.resolved_option).
     # Any other optimizer.* key the user sets gets an ignored-key warning.
@@ -113,10 +115,11 @@ class OptimizerSpec:
     # Its lines in benchmarks/optimizers.py; None: one line, its name, in the default modes.
     bench: tuple[BenchLine, ...] | None = None
     # Extra bytes alive at the worst moment of optimizer.step() over all parameters.
-    step_scratch: Callable[[list[Param], list[ParamCost], Config], int] = largest_scratch
+    step_scratch: Callable[[list[Param], list[ParamCost], OptimizerSetting], int] = (
+        largest_scratch)
     # ids of the weights it treats specially (GaLore: the ones it projects), None when it
     # treats none specially; training and the planner both call it.
-    targets: Callable[[nn.Module, Config], set[int] | None] = no_targets
+    targets: Callable[[nn.Module, OptimizerSetting], set[int] | None] = no_targets
     # Updates bf16 weights with stochastic rounding, so precision=bf16-pure may use it.
     rounds_stochastically: bool = False
     # Under FSDP2, step each process's rows of the sharded parameters as plain tensors
@@ -126,15 +129,15 @@ class OptimizerSpec:
     steps_local_rows: bool = False
     # With steps_local_rows: the state one process keeps for its rows (an int) of a
     # parameter; None: the state of a parameter shaped like those rows (``costs``).
-    row_shard_state: Callable[[Param, Config, int], int] | None = None
+    row_shard_state: Callable[[Param, OptimizerSetting, int], int] | None = None
     # Why distributed.strategy=fsdp cannot train it with these settings, naming the key to
     # change (None: it can).
-    fsdp_refusal: Callable[[Config], str | None] = trains_under_fsdp
+    fsdp_refusal: Callable[[OptimizerSetting], str | None] = trains_under_fsdp
     # The OOM ladder's rung: overrides making it cheaper, or None.
-    cheaper: Callable[[Config], dict | None] = never_cheaper
+    cheaper: Callable[[OptimizerSetting], dict | None] = never_cheaper
     # Its peak moments in a training step (the planner takes the largest of every
     # contributor's): the optimizer step, or layer-wise updates inside backward.
-    moments: Callable[[StepBytes, Config], list[Moment]] = step_moments
+    moments: Callable[[StepBytes, OptimizerSetting], list[Moment]] = step_moments
     # What its step asks of the device (step_work.py): the planner's time for it. The
     # default: an element-wise update of 12 passes and 8 ops per parameter.
     step_work: StepWork = streaming(OTHER)
@@ -153,7 +156,7 @@ def bench_lines(spec: OptimizerSpec) -> tuple[BenchLine, ...]:
     return (BenchLine(spec.name, {"optimizer.name": spec.name}),)
 
 
-def per_param(cost: Callable[[Param, Config], ParamCost]
-              ) -> Callable[[list[Param], Config], list[ParamCost]]:
+def per_param(cost: Callable[[Param, OptimizerSetting], ParamCost]
+              ) -> Callable[[list[Param], OptimizerSetting], list[ParamCost]]:
     """A spec's ``costs`` from a function of one parameter."""
-    return lambda params, config: [cost(param, config) for param in params]
+    return lambda params, setting: [cost(param, setting) for param in params]

@@ -5,14 +5,14 @@ each gradient is consumed by its hook as it appears, so no moment holds them all
 
 from __future__ import annotations
 
-from memfit.config.schema import Config
 from memfit.techniques.moments import Moment, StepBytes, moment
+from memfit.techniques.optimizers.setting import OptimizerSetting
 
 
-def step_moments(step: StepBytes, config: Config) -> list[Moment]:
-    if config.optimizer.layerwise:
-        return layerwise_moments(step, config)
-    if config.memory.optimizer_offload:
+def step_moments(step: StepBytes, setting: OptimizerSetting) -> list[Moment]:
+    if setting.optimizer.layerwise:
+        return layerwise_moments(step)
+    if setting.offloaded:
         why = ("the step runs on the host (memory.optimizer_offload): the device keeps every "
                "grad and the step's inputs")
         scratch = 0
@@ -23,7 +23,7 @@ def step_moments(step: StepBytes, config: Config) -> list[Moment]:
     return [moment("optimizer step", why, step.grads, step.inputs, scratch)]
 
 
-def layerwise_moments(step: StepBytes, config: Config) -> list[Moment]:
+def layerwise_moments(step: StepBytes) -> list[Moment]:
     """In backward: the largest grad, consumed by its hook (under fsdp the running block's
     stay whole, under ddp one more is being all-reduced: ``beside_hook``), with one
     parameter's step scratch, at the backward moment with the most bytes besides grads;

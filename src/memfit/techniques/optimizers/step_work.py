@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from memfit.config.schema import Config
+from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.work import Work, memory
 
 
@@ -38,11 +38,11 @@ class Sized(Protocol):
     def numel(self) -> int: ...
 
 
-# (the trainable parameters, their spec.ParamCost each, the config) -> the step's work.
-StepWork = Callable[[Sequence[Any], Sequence[Any], Config], Work]
-# (the trainable parameters, the config, tokens per micro-batch) -> (work the trace counted
+# (the trainable parameters, their spec.ParamCost each, the setting) -> the step's work.
+StepWork = Callable[[Sequence[Any], Sequence[Any], OptimizerSetting], Work]
+# (the trainable parameters, the setting, tokens per micro-batch) -> (work the trace counted
 # that training does not do, work it does instead), per micro-batch.
-BackwardWork = Callable[[Sequence[Any], Config, int], tuple[Work, Work]]
+BackwardWork = Callable[[Sequence[Any], OptimizerSetting, int], tuple[Work, Work]]
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ LION, SGD, OTHER = Passes(10, 6), Passes(3, 1), Passes(12, 8)
 
 def streaming(update: Passes) -> StepWork:
     """An element-wise step over every parameter (module docstring)."""
-    def work(params: Sequence[Sized], costs: Sequence[Any], config: Config) -> Work:
+    def work(params: Sequence[Sized], costs: Sequence[Any], setting: OptimizerSetting) -> Work:
         total = Work()
         for param in params:
             total = total.plus(update.of(param.numel))
