@@ -181,8 +181,9 @@ def _step_work(config: Config, sizing: _Sizing, params: list[costs.Param], devic
     optimizer = spec.step_work(rows, spec.costs(rows, setting), setting)
     offload = config.memory.optimizer_offload
     units = 1 + sizing.sharded_bytes // max(sizing.units.block, 1)  # the blocks and the root
-    traffic = strategy_for(config).traffic(
-        TrafficSizes(costs.grad_bytes(params), sizing.sharded_bytes, units), config)
+    traffic = strategy_for(config.distributed.strategy).traffic(TrafficSizes(
+        costs.grad_bytes(params), sizing.sharded_bytes, units, config.distributed.nproc,
+        config.train.gradient_accumulation_steps))
     train = config.train
     # This device's tokens of a micro-batch: a sequence group's processes each take a
     # slice of every sequence (distributed.sequence_parallel).

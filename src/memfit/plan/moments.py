@@ -62,7 +62,7 @@ def step_moments(step: StepBytes, config: Config) -> list[Moment]:
     """Every contributor's moments of the whole run, the trace's first."""
     optimizer = spec_for(config.optimizer).moments(step, OptimizerSetting.of(config))
     return [*trace_moments(step, config), *optimizer,
-            *strategy_for(config).moments(step, config), *run_moments(step, config),
+            *strategy_for(config.distributed.strategy).moments(step), *run_moments(step, config),
             *technique_moments(step, config)]
 
 

@@ -57,7 +57,8 @@ class Units:
 def sharded_over(config: Config) -> int:
     """Devices weights, grads and state are divided over (1: each holds all of them), as
     the distribution strategy's spec says."""
-    return config.distributed.nproc if strategy_for(config).divides_training_state else 1
+    divides = strategy_for(config.distributed.strategy).divides_training_state
+    return config.distributed.nproc if divides else 1
 
 
 def sharded_weights(config: Config, weight_bytes: int) -> int:

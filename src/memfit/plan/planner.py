@@ -40,7 +40,7 @@ from memfit.plan.sequence_rows import split_rows, widest_split
 from memfit.plan.step_time import StepTime, step_time
 from memfit.plan.strategies import Overrides, strategies, with_overrides
 from memfit.techniques import chunked_loss
-from memfit.techniques.distribution import strategy_for
+from memfit.techniques.distribution import strategy_refusal
 from memfit.techniques.tiled_mlp import MLPS
 from memfit.techniques.tiled_norms import NORMS
 
@@ -190,7 +190,7 @@ def _refusal(config: Config, overrides: Overrides) -> str | None:
     if config.memory.auto_keep_adapters and overrides["adapter.kind"] == AdapterKind.NONE.value:
         return "memory.auto_keep_adapters=true keeps adapters"
     candidate = with_overrides(config, overrides)
-    why_not = strategy_for(candidate).refusal(candidate)
+    why_not = strategy_refusal(candidate)
     if why_not is not None:
         return f"{candidate.distributed.strategy.value} cannot train it: {why_not}"
     return None

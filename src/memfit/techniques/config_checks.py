@@ -14,7 +14,7 @@ from memfit.config.ignored import warn_ignored_keys
 from memfit.config.load import build_unvalidated, read_raw
 from memfit.config.schema import Config, DistributedStrategy, Precision
 from memfit.config.validate import validate
-from memfit.techniques.distribution import strategy_for
+from memfit.techniques.distribution import strategy_refusal
 from memfit.techniques.ignored_rules import optimizer_rules, technique_rules
 from memfit.techniques.optimizers.registry import SPECS, spec_for
 
@@ -48,7 +48,7 @@ def check_with_specs(config: Config) -> None:
     strategy = config.distributed.strategy
     if strategy is DistributedStrategy.NONE:
         return
-    why = strategy_for(config).refusal(config)
+    why = strategy_refusal(config)
     if why is not None:
         raise ConfigError(f"distributed.strategy={strategy} cannot be combined with {why} (or "
                           "use distributed.strategy=ddp, which trains it when the model fits "

@@ -46,27 +46,28 @@ class StrategySpec:
     place: Callable[[nn.Module, registry.Setting, torch.device], nn.Module]
     # What a training step needs to reduce gradients across processes (None: the strategy
     # reduces them itself, or there is one process).
-    replicas: Callable[[nn.Module, Optimizer, Config, torch.device], Replicas | None]
+    replicas: Callable[[nn.Module, Optimizer, OptimizerSetting, torch.device], Replicas | None]
     # Whether weights, gradients and optimizer state are divided among the processes
     # (the planner's per-device bytes); otherwise each process holds all of them.
     divides_training_state: bool
-    # Why it cannot train a config (None: it can), named by the keys to change.
-    refusal: Callable[[Config], str | None]
+    # Why it cannot train with this optimizer setting (None: it can), named by the keys to
+    # change.
+    refusal: Callable[[OptimizerSetting], str | None]
     # The peak moments it adds to a training step (distribution_moments.py).
-    moments: Callable[[StepBytes, Config], list[Moment]] = no_moments
+    moments: Callable[[StepBytes], list[Moment]] = no_moments
     # Bytes each process sends per optimizer step (distribution_traffic.py).
-    traffic: Callable[[TrafficSizes, Config], Traffic] = no_traffic
+    traffic: Callable[[TrafficSizes], Traffic] = no_traffic
 
 
-def _trains_everything(config: Config) -> None:
+def _trains_everything(setting: OptimizerSetting) -> None:
     return None
 
 
-def _fsdp_refusal(config: Config) -> str | None:
-    why = spec_for(config.optimizer).fsdp_refusal(OptimizerSetting.of(config))
+def _fsdp_refusal(setting: OptimizerSetting) -> str | None:
+    why = spec_for(setting.optimizer).fsdp_refusal(setting)
     if why is not None:
         return why
-    if config.precision is Precision.FP16:
+    if setting.precision is Precision.FP16:
         return ("precision=fp16: its gradient scaler checks for inf per process, not across "
                 "the sharded gradients; use precision=bf16")
     return None
@@ -88,14 +89,14 @@ def _sharded(model: nn.Module, setting: registry.Setting, device: torch.device) 
                       host_offload=memory.optimizer_offload)
 
 
-def _no_replicas(model: nn.Module, optimizer: Optimizer, config: Config,
+def _no_replicas(model: nn.Module, optimizer: Optimizer, setting: OptimizerSetting,
                  device: torch.device) -> None:
     return None
 
 
-def _replicas(model: nn.Module, optimizer: Optimizer, config: Config,
+def _replicas(model: nn.Module, optimizer: Optimizer, setting: OptimizerSetting,
               device: torch.device) -> Replicas:
-    return Replicas(model, optimizer, projects_in_backward(OptimizerSetting.of(config)), device)
+    return Replicas(model, optimizer, projects_in_backward(setting), device)
 
 
 STRATEGIES = {
@@ -113,5 +114,10 @@ STRATEGIES = {
 }
 
 
-def strategy_for(config: Config) -> StrategySpec:
-    return STRATEGIES[config.distributed.strategy]
+def strategy_for(strategy: DistributedStrategy) -> StrategySpec:
+    return STRATEGIES[strategy]
+
+
+def strategy_refusal(config: Config) -> str | None:
+    """Why distributed.strategy cannot train ``config`` (None: it can)."""
+    return strategy_for(config.distributed.strategy).refusal(OptimizerSetting.of(config))

@@ -13,11 +13,10 @@ fsdp  FSDP2 divides the gradients over the processes (or moves them to the host)
 
 from __future__ import annotations
 
-from memfit.config.schema import Config
 from memfit.techniques.moments import Moment, StepBytes, moment, of_split
 
 
-def ddp_moments(step: StepBytes, config: Config) -> list[Moment]:
+def ddp_moments(step: StepBytes) -> list[Moment]:
     if not step.buckets:  # layer-wise updates, or nothing DDP reduces
         return []
     first = step.first_micro_batch
@@ -38,7 +37,7 @@ def ddp_moments(step: StepBytes, config: Config) -> list[Moment]:
     ]
 
 
-def fsdp_moments(step: StepBytes, config: Config) -> list[Moment]:
+def fsdp_moments(step: StepBytes) -> list[Moment]:
     if not step.gathered:  # one process that keeps its shards on the device: nothing divided
         return []
     return [
@@ -52,5 +51,5 @@ def fsdp_moments(step: StepBytes, config: Config) -> list[Moment]:
     ]
 
 
-def no_moments(step: StepBytes, config: Config) -> list[Moment]:
+def no_moments(step: StepBytes) -> list[Moment]:
     return []

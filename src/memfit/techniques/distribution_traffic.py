@@ -16,8 +16,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from memfit.config.schema import Config
-
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's bucket_cap_mb default
 
 
@@ -26,6 +24,8 @@ class TrafficSizes:
     grad_bytes: int  # every trainable parameter's gradient, whole
     sharded_bytes: int  # what FSDP2 shards and gathers: parameters and a quantized base
     units: int  # FSDP2's units: the blocks and the root
+    processes: int  # distributed.nproc
+    micro_batches: int  # train.gradient_accumulation_steps
 
 
 @dataclass(frozen=True)
@@ -38,17 +38,16 @@ def _ring(processes: int) -> float:
     return (processes - 1) / processes
 
 
-def no_traffic(sizes: TrafficSizes, config: Config) -> Traffic:
+def no_traffic(sizes: TrafficSizes) -> Traffic:
     return Traffic(0, 0)
 
 
-def ddp_traffic(sizes: TrafficSizes, config: Config) -> Traffic:
-    return Traffic(int(2 * _ring(config.distributed.nproc) * sizes.grad_bytes),
+def ddp_traffic(sizes: TrafficSizes) -> Traffic:
+    return Traffic(int(2 * _ring(sizes.processes) * sizes.grad_bytes),
                    -(-sizes.grad_bytes // DDP_BUCKET_BYTES))
 
 
-def fsdp_traffic(sizes: TrafficSizes, config: Config) -> Traffic:
-    micro_batches = config.train.gradient_accumulation_steps
-    per_micro_batch = _ring(config.distributed.nproc) * (2 * sizes.sharded_bytes
-                                                         + sizes.grad_bytes)
+def fsdp_traffic(sizes: TrafficSizes) -> Traffic:
+    micro_batches = sizes.micro_batches
+    per_micro_batch = _ring(sizes.processes) * (2 * sizes.sharded_bytes + sizes.grad_bytes)
     return Traffic(int(per_micro_batch * micro_batches), 3 * sizes.units * micro_batches)

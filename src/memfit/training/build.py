@@ -147,7 +147,7 @@ def place_and_optimize(model: nn.Module, config: Config, is_transformers: bool,
     the model (whole, or sharded by FSDP2), then the optimizer its spec builds, wrapped by
     the optimizer stage."""
     setting = registry.setting(model, config, is_transformers, device.type)
-    model = strategy_for(config).place(model, setting, device)
+    model = strategy_for(config.distributed.strategy).place(model, setting, device)
     optimizer = build_optimizer(model, OptimizerSetting.of(config))
     return model, registry.apply_stage("optimizer", optimizer, setting)
 
@@ -181,7 +181,8 @@ def build_run(config: Config) -> Run:
                                      config.data.max_length)
     device = distributed.device()
     model, optimizer = place_and_optimize(model, config, loaded.is_transformers, device)
-    replicas = strategy_for(config).replicas(model, optimizer, config, device)
+    replicas = strategy_for(config.distributed.strategy).replicas(
+        model, optimizer, OptimizerSetting.of(config), device)
     groups = sequence_parallel.data_parallel(config.distributed.sequence_parallel)[1]
     total_steps = total_optimizer_steps(config.train, groups, len(splits.train))
     if distributed.is_main():
