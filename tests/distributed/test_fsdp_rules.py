@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from memfit._utils.errors import ConfigError
+from memfit.config.overrides import with_overrides
 from memfit.plan.itemize import estimate
 from memfit.plan.planner import plan
-from memfit.plan.strategies import with_overrides
 from memfit.techniques.config_checks import from_mapping
 
 BASE = {"model": {"preset": "tiny-llama"}, "data": {"path": "rows.jsonl"},

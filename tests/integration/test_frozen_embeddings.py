@@ -18,6 +18,7 @@ from memfit.config.ignored import IgnoredKeyWarning
 from memfit.plan import estimate
 from memfit.techniques.config_checks import from_mapping, load_config
 from memfit.techniques.frozen_embeddings import check_applied, embedding_modules, freeze
+from memfit.techniques.technique_options import TechniqueOptions
 from memfit.training.build import load_base, prepare_model, seed_everything
 
 
@@ -28,7 +29,7 @@ def _config(**memory):  # noqa: ANN003, ANN202
 
 def test_a_tied_head_is_the_one_frozen_parameter() -> None:
     config = _config(freeze_embeddings=True)  # tiny-llama ties its head to the embedding
-    model, warnings = prepare_model(load_base(config), config)
+    model, warnings = prepare_model(load_base(config), TechniqueOptions.of(config))
     assert [name for name, p in model.named_parameters() if not p.requires_grad] == [
         "model.embed_tokens.weight"]
     assert warnings == []

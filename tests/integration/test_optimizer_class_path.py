@@ -87,9 +87,9 @@ def test_the_plan_of_a_class_path_optimizer_is_its_real_state() -> None:
     config = from_mapping({"model": {"preset": "tiny-llama"}, "data": {"path": "unused"},
                            "optimizer": {"name": "torch.optim:SGD",
                                          "kwargs": {"momentum": 0.9}}})
-    model = LlamaForCausalLM(PRESETS["tiny-llama"]())
-    planned = costs.optimizer_cost(costs.trainable_params(model, config), config).state_bytes
-    optimizer = build_optimizer(model, OptimizerSetting.of(config))
+    model, setting = LlamaForCausalLM(PRESETS["tiny-llama"]()), OptimizerSetting.of(config)
+    planned = costs.optimizer_cost(costs.trainable_params(model, setting), setting).state_bytes
+    optimizer = build_optimizer(model, setting)
     assert type(optimizer) is torch.optim.SGD and optimizer.defaults["momentum"] == 0.9
     for param in model.parameters():
         param.grad = torch.ones_like(param)

@@ -44,9 +44,15 @@ from memfit.bench.table import markdown_table
 from memfit.config import to_mapping
 from memfit.config.choices import TOKEN_FORMATS
 from memfit.config.ignored import IgnoredKeyWarning
-from memfit.config.schema import Config, DistributedStrategy
+from memfit.config.overrides import Overrides, with_overrides
+from memfit.config.schema import (
+    Config,
+    DataConfig,
+    DistributedStrategy,
+    ModelConfig,
+    TrainConfig,
+)
 from memfit.plan.planner import Plan, plan
-from memfit.plan.strategies import Overrides, with_overrides
 from memfit.techniques.config_checks import from_mapping
 
 # The plan's row for the configuration as given, as --strategies names it.
@@ -89,7 +95,7 @@ def run_job_bench(config: Config, label: str, strategies: str | None = None,
     heading = [
         f"# memfit bench {label} --steps {steps}",
         "",
-        f"{_model_name(config)}; {_batch(config)}; {steps} steps per "
+        f"{_model_name(config.model)}; {_batch(config.data, config.train)}; {steps} steps per "
         f"strategy, seed {config.train.seed}; device {device.type}; memory measured on "
         f"{measured_steps(every)}: {memory_meter(device)}; step times planned with the "
         f"{planned.profile.name} profile ({planned.profile.source}). "
@@ -168,14 +174,12 @@ def job_mapping(config: Config, overrides: Overrides, run_dir: Path, steps: int,
     return mapping
 
 
-def _batch(config: Config) -> str:
+def _batch(data: DataConfig, train: TrainConfig) -> str:
     """The data and batch as the header says them."""
-    data, train = config.data, config.train
     tokens = f" x {data.max_length} tokens" if data.format in TOKEN_FORMATS else ""
     return (f"{data.format.value} data, micro-batch {train.micro_batch_size}{tokens}, "
             f"{train.gradient_accumulation_steps} accumulation steps")
 
 
-def _model_name(config: Config) -> str:
-    model = config.model
+def _model_name(model: ModelConfig) -> str:
     return model.path or model.preset or model.factory

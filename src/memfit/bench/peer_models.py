@@ -3,8 +3,9 @@ model loaded from a Hugging Face folder and its optimizer. ``memfit bench``'s pe
 (bench.peers) and the benchmarks/ scripts build their peers here.
 
 A peer reads its numbers (learning rate, betas, precision, LoRA rank, GaLore rank ...) from
-a memfit ``Config`` — the one of the memfit case it mirrors, so a pair differs only in the
-tool; a script that wants a library's own defaults sets them in that config.
+the ``Recipe`` of a memfit config — the one of the memfit case it mirrors, so a pair
+differs only in the tool; a script that wants a library's own defaults sets them in that
+config.
 """
 
 from __future__ import annotations
@@ -20,9 +21,23 @@ from torch import nn
 from memfit.config.schema import Config, GaloreConfig, OptimizerConfig, Precision
 from memfit.techniques.optimizers.options import adam_options
 from memfit.techniques.optimizers.registry import spec_for
+from memfit.techniques.technique_options import TechniqueOptions
 
 # GaLore projects the attention and MLP matrices (the GaLore README's target modules).
 GALORE_TARGETS = ("attn", "mlp")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a peer takes of the memfit case it mirrors: optimizer.* and the techniques
+    (adapter.*, precision, memory.gradient_checkpointing)."""
+
+    optimizer: OptimizerConfig
+    techniques: TechniqueOptions
+
+    @classmethod
+    def of(cls, config: Config) -> Recipe:
+        return cls(config.optimizer, TechniqueOptions.of(config))
 
 
 @dataclass
@@ -44,37 +59,38 @@ def _adam_arguments(optimizer: OptimizerConfig) -> dict[str, Any]:
             "weight_decay": optimizer.weight_decay}
 
 
-def torch_adamw(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
+def torch_adamw(folder: Path, recipe: Recipe, device: torch.device) -> ModelAndOptimizer:
     model = load_model(folder, device)
-    optimizer = torch.optim.AdamW(model.parameters(), **_adam_arguments(config.optimizer))
+    optimizer = torch.optim.AdamW(model.parameters(), **_adam_arguments(recipe.optimizer))
     return ModelAndOptimizer(model, optimizer)
 
 
-def bnb_adamw8bit(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
+def bnb_adamw8bit(folder: Path, recipe: Recipe, device: torch.device) -> ModelAndOptimizer:
     import bitsandbytes as bnb
 
     model = load_model(folder, device)
-    optimizer = bnb.optim.AdamW8bit(model.parameters(), **_adam_arguments(config.optimizer))
+    optimizer = bnb.optim.AdamW8bit(model.parameters(), **_adam_arguments(recipe.optimizer))
     return ModelAndOptimizer(model, optimizer)
 
 
-def torch_adafactor(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
+def torch_adafactor(folder: Path, recipe: Recipe, device: torch.device) -> ModelAndOptimizer:
     model = load_model(folder, device)
-    optimizer = torch.optim.Adafactor(model.parameters(), lr=config.optimizer.lr)
+    optimizer = torch.optim.Adafactor(model.parameters(), lr=recipe.optimizer.lr)
     return ModelAndOptimizer(model, optimizer)
 
 
-def peft_lora(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
+def peft_lora(folder: Path, recipe: Recipe, device: torch.device) -> ModelAndOptimizer:
     """PEFT's recipe: (4-bit load + prepare_model_for_kbit_training for QLoRA),
     non-reentrant checkpointing when asked, get_peft_model, AdamW on what trains."""
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
     from transformers import AutoModelForCausalLM, BitsAndBytesConfig
 
-    adapter = config.adapter
-    checkpointing = config.memory.gradient_checkpointing
+    adapter = recipe.techniques.adapter
+    checkpointing = recipe.techniques.memory.gradient_checkpointing
     kwargs = {"use_reentrant": False}
     if adapter.kind.value == "qlora":
-        compute = torch.bfloat16 if config.precision is Precision.BF16 else torch.float32
+        bf16 = recipe.techniques.precision is Precision.BF16
+        compute = torch.bfloat16 if bf16 else torch.float32
         quantization = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4",
             bnb_4bit_use_double_quant=adapter.double_quant, bnb_4bit_compute_dtype=compute)
@@ -94,7 +110,7 @@ def peft_lora(folder: Path, config: Config, device: torch.device) -> ModelAndOpt
                                              target_modules="all-linear"))
     model.to(device)
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, **_adam_arguments(config.optimizer))
+    optimizer = torch.optim.AdamW(trainable, **_adam_arguments(recipe.optimizer))
     return ModelAndOptimizer(model, optimizer)
 
 
@@ -112,26 +128,26 @@ def galore_settings(galore: GaloreConfig) -> dict[str, Any]:
             "proj_type": "std"}
 
 
-def galore_torch(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
+def galore_torch(folder: Path, recipe: Recipe, device: torch.device) -> ModelAndOptimizer:
     from galore_torch import GaLoreAdamW
 
     model = load_model(folder, device)
     other, projected = _galore_groups(model)
     optimizer = GaLoreAdamW([{"params": other},
-                             {"params": projected, **galore_settings(config.optimizer.galore)}],
-                            **_adam_arguments(config.optimizer))
+                             {"params": projected, **galore_settings(recipe.optimizer.galore)}],
+                            **_adam_arguments(recipe.optimizer))
     return ModelAndOptimizer(model, optimizer)
 
 
 def _galore_per_layer(make: Callable[..., torch.optim.Optimizer], folder: Path,
-                      config: Config, device: torch.device) -> ModelAndOptimizer:
+                      recipe: Recipe, device: torch.device) -> ModelAndOptimizer:
     """The GaLore README's per-layer recipe: one optimizer per parameter, stepped by a
     post-accumulate-grad hook (so it steps on every backward; fine without accumulation)."""
     model = load_model(folder, device)
     other, projected = _galore_groups(model)
-    arguments = _adam_arguments(config.optimizer)
+    arguments = _adam_arguments(recipe.optimizer)
     per_parameter = {p: make([{"params": [p]}], **arguments) for p in other}
-    galore = galore_settings(config.optimizer.galore)
+    galore = galore_settings(recipe.optimizer.galore)
     per_parameter.update({p: make([{"params": [p], **galore}], **arguments)
                           for p in projected})
 
@@ -144,20 +160,20 @@ def _galore_per_layer(make: Callable[..., torch.optim.Optimizer], folder: Path,
     return ModelAndOptimizer(model, None)
 
 
-def galore_torch_layerwise(folder: Path, config: Config, device: torch.device) -> ModelAndOptimizer:
+def galore_torch_layerwise(folder: Path, recipe: Recipe, device: torch.device) -> ModelAndOptimizer:
     from galore_torch import GaLoreAdamW
 
-    return _galore_per_layer(GaLoreAdamW, folder, config, device)
+    return _galore_per_layer(GaLoreAdamW, folder, recipe, device)
 
 
-def galore_torch_8bit_layerwise(folder: Path, config: Config,
+def galore_torch_8bit_layerwise(folder: Path, recipe: Recipe,
                                 device: torch.device) -> ModelAndOptimizer:
     from galore_torch import GaLoreAdamW8bit
 
-    return _galore_per_layer(GaLoreAdamW8bit, folder, config, device)
+    return _galore_per_layer(GaLoreAdamW8bit, folder, recipe, device)
 
 
-BUILDERS: dict[str, Callable[[Path, Config, torch.device], ModelAndOptimizer]] = {
+BUILDERS: dict[str, Callable[[Path, Recipe, torch.device], ModelAndOptimizer]] = {
     "torch-adamw": torch_adamw,
     "bnb-adamw8bit": bnb_adamw8bit,
     "torch-adafactor": torch_adafactor,

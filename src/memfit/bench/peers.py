@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from memfit.bench.peer_models import BUILDERS, GALORE_TARGETS, galore_settings, load_model
+from memfit.bench.peer_models import BUILDERS, GALORE_TARGETS, Recipe, galore_settings, load_model
 from memfit.config.schema import Config, Precision
 from memfit.data import count_positions
 from memfit.monitor.memory import MemoryMeter, make_memory_meter
@@ -28,9 +28,9 @@ Batch = dict[str, torch.Tensor]
 Record = dict[str, Any]
 
 
-def _is_measured(step: int, config: Config) -> bool:
+def _is_measured(step: int, memory_every: int) -> bool:
     # The steps memfit.train measures with log.memory_every=k (see runner.memory_every).
-    return step % config.log.memory_every == 0
+    return step % memory_every == 0
 
 
 def _model_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
@@ -38,17 +38,18 @@ def _model_loss(model: nn.Module, batch: Batch) -> torch.Tensor:
 
 
 def _plain_loop(model: nn.Module, optimizer: torch.optim.Optimizer | None, batches: list[Batch],
-                config: Config, device: torch.device) -> list[Record]:
-    """The loop a user writes: forward under autocast, backward of ``.loss`` (a mean), step,
-    zero; one micro-batch a step, no clipping, no loss scaling. ``optimizer`` None: per-layer
-    optimizers stepped in backward."""
+                precision: Precision, memory_every: int, device: torch.device) -> list[Record]:
+    """The loop a user writes: forward under autocast (``precision``), backward of ``.loss``
+    (a mean), step, zero; one micro-batch a step, no clipping, no loss scaling.
+    ``optimizer`` None: per-layer optimizers stepped in backward. Every ``memory_every``-th
+    step measured (log.memory_every)."""
     meter = make_memory_meter(device)
     meter.attach(model, optimizer)
     model.train()
-    parts = StepParts(model, optimizer, _model_loss, config.precision, device)
+    parts = StepParts(model, optimizer, _model_loss, precision, device)
     records = []
     for step, batch in enumerate(batches, start=1):
-        measured = _is_measured(step, config)
+        measured = _is_measured(step, memory_every)
         started = time.perf_counter()
         with meter.step() if measured else contextlib.nullcontext():
             loss = optimizer_step(parts, [batch], items=None).loss
@@ -90,7 +91,7 @@ def hf_trainer_galore(folder: Path, config: Config, batches: list[Batch],
 
         def on_step_begin(self, args, state, control, **_):
             step = state.global_step + 1
-            if _is_measured(step, config):
+            if _is_measured(step, config.log.memory_every):
                 self.measuring.enter_context(meter.step())
             self.started = time.perf_counter()
 
@@ -99,7 +100,8 @@ def hf_trainer_galore(folder: Path, config: Config, batches: list[Batch],
             step = state.global_step
             records[step] = _record(step, float("nan"), batches[step - 1],
                                     time.perf_counter() - self.started,
-                                    meter if _is_measured(step, config) else None)
+                                    meter if _is_measured(step, config.log.memory_every)
+                                    else None)
 
         def on_log(self, args, state, control, logs=None, **_):
             if logs and "loss" in logs and state.global_step in records:
@@ -142,8 +144,9 @@ def run_peer(peer: str, folder: Path, config: Config, batches: list[Batch],
     """Train the peer named ``peer`` (one of PEERS) on ``batches``; its records."""
     if peer == HF_TRAINER_GALORE:
         return hf_trainer_galore(folder, config, batches, device)
-    built = BUILDERS[peer](folder, config, device)
-    return _plain_loop(built.model, built.optimizer, batches, config, device)
+    built = BUILDERS[peer](folder, Recipe.of(config), device)
+    return _plain_loop(built.model, built.optimizer, batches, config.precision,
+                       config.log.memory_every, device)
 
 
 def batches_like_memfit(config: Config, tokenizer: Any) -> Iterator[Batch]:

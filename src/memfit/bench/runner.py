@@ -110,7 +110,7 @@ def base_mapping(model: BenchModel, folder: Path, data: Path, steps: int, every:
 def case_mapping(base: dict[str, Any], case: Case, run_dir: Path) -> dict[str, Any]:
     """The case's full config as a YAML-shaped mapping (validated here, before any
     process starts, so a bad combination fails in one line)."""
-    from memfit.plan.strategies import with_overrides
+    from memfit.config.overrides import with_overrides
 
     config = with_overrides(from_mapping(base), case.overrides)
     config = with_overrides(config, {"train.output_dir": str(run_dir)})

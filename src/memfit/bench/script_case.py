@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from memfit.bench.peer_models import BUILDERS, ModelAndOptimizer
+from memfit.bench.peer_models import BUILDERS, ModelAndOptimizer, Recipe
 from memfit.config.schema import Config
 
 
@@ -29,12 +29,16 @@ def memfit_training(config: Config, device: torch.device) -> ModelAndOptimizer:
     """memfit's model and optimizer for ``config``, built through the same technique stages
     as ``memfit.train`` (quantization, checkpointing, adapters; bf16-pure weights on the
     device; host offload around the optimizer), without a dataset."""
+    from memfit.techniques.optimizers import OptimizerSetting
+    from memfit.techniques.technique_options import TechniqueOptions
     from memfit.training.build import load_base, place_and_optimize, prepare_model, seed_everything
 
     seed_everything(0)
     loaded = load_base(config)
-    model, _ = prepare_model(loaded, config)
-    return ModelAndOptimizer(*place_and_optimize(model, config, loaded.is_transformers, device))
+    options = TechniqueOptions.of(config)
+    model, _ = prepare_model(loaded, options)
+    return ModelAndOptimizer(*place_and_optimize(model, options, OptimizerSetting.of(config),
+                                                 loaded.is_transformers, device))
 
 
 def peer_training(peer: str, folder: Path, config: Config,
@@ -44,4 +48,4 @@ def peer_training(peer: str, folder: Path, config: Config,
     from memfit.training.build import seed_everything
 
     seed_everything(0)
-    return BUILDERS[peer](folder, config, device)
+    return BUILDERS[peer](folder, Recipe.of(config), device)

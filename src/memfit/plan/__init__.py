@@ -18,6 +18,7 @@ import types
 from pathlib import Path
 from typing import Any
 
+from memfit.config.overrides import with_overrides
 from memfit.config.schema import Config
 from memfit.plan.itemize import Estimate, ExampleBatch, estimate
 from memfit.plan.planner import (
@@ -28,7 +29,7 @@ from memfit.plan.planner import (
     recommend,
     refuse_if_too_large,
 )
-from memfit.plan.strategies import next_cheaper, with_overrides
+from memfit.plan.strategies import next_cheaper
 
 __all__ = ["Estimate", "Plan", "StrategyEstimate", "estimate", "next_cheaper", "plan",
            "recommend", "refuse_if_too_large", "with_overrides"]

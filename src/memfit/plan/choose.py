@@ -18,11 +18,12 @@ from dataclasses import dataclass
 
 from memfit._utils.errors import ConfigError
 from memfit._utils.sizes import format_bytes
-from memfit.config.schema import AdapterKind, Config, DistributedStrategy
+from memfit.config.overrides import Overrides, with_overrides
+from memfit.config.schema import AdapterKind, Config, DistributedStrategy, TrainConfig
 from memfit.plan.devices import DeviceProfile
 from memfit.plan.itemize import Estimate, ExampleBatch, estimate
 from memfit.plan.step_time import StepTime, step_time
-from memfit.plan.strategies import FIT, LEVELS, Overrides, with_overrides
+from memfit.plan.strategies import FIT, LEVELS
 
 PREFERENCES = ("quality", "speed")
 
@@ -106,7 +107,7 @@ def _mixes(config: Config, row: StrategyEstimate, budget: int, device: str, prof
     """``row`` at the configured micro-batch (where it fits) and at the largest that fits."""
     mixes = []
     if row.fits:
-        mixes.append(Choice(row, _micro(config.train.micro_batch_size, config), row.estimate,
+        mixes.append(Choice(row, _micro(config.train.micro_batch_size, config.train), row.estimate,
                             row.time))
     largest = _largest_micro_batch(config, row, budget, device, example_batch)
     if largest is not None and largest["train.micro_batch_size"] != config.train.micro_batch_size:
@@ -192,20 +193,20 @@ def _largest_micro_batch(config: Config, row: StrategyEstimate, budget: int, dev
     """Largest divisor b of the effective batch whose estimate fits, with effective / b
     accumulation steps: a binary search over the divisors, whose bytes grow with b."""
     if example_batch is not None:  # a factory's example fixes the micro-batch
-        return _micro(config.train.micro_batch_size, config) if row.fits else None
+        return _micro(config.train.micro_batch_size, config.train) if row.fits else None
     divisors = _divisors(config.train.micro_batch_size * config.train.gradient_accumulation_steps)
 
     def fits(size: int) -> bool:
         if size == config.train.micro_batch_size:
             return bool(row.fits)
-        candidate = with_overrides(config, {**row.overrides, **_micro(size, config)})
+        candidate = with_overrides(config, {**row.overrides, **_micro(size, config.train)})
         return estimate(candidate, device).device_bytes <= budget
 
     low, high, best = 0, len(divisors) - 1, None
     while low <= high:
         middle = (low + high) // 2
         if fits(divisors[middle]):
-            best, low = _micro(divisors[middle], config), middle + 1
+            best, low = _micro(divisors[middle], config.train), middle + 1
         else:
             high = middle - 1
     return best
@@ -218,8 +219,9 @@ def _divisors(number: int) -> list[int]:
     return small + [number // d for d in reversed(small) if d * d != number]
 
 
-def _micro(size: int, config: Config) -> Overrides:
-    effective = config.train.micro_batch_size * config.train.gradient_accumulation_steps
+def _micro(size: int, train: TrainConfig) -> Overrides:
+    """Micro-batch ``size`` with the accumulation that keeps train's effective batch."""
+    effective = train.micro_batch_size * train.gradient_accumulation_steps
     return {"train.micro_batch_size": size, "train.gradient_accumulation_steps": effective // size}
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from memfit._utils.errors import ConfigError
 from memfit.config.choices import RopeScaling
-from memfit.config.schema import Config
+from memfit.config.schema import ModelConfig
 from memfit.models import rope
 from memfit.plan import meta
 
@@ -16,11 +16,11 @@ from memfit.plan import meta
 CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
 
 
-def context_length(config: Config) -> tuple[str, int] | None:
+def context_length(model: ModelConfig) -> tuple[str, int] | None:
     """(where it is read from, its value) for model.path / model.preset models, with
     model.rope_scaling applied; None for factories and configs that name no context
     length."""
-    transformers_config = meta.hf_config(config)
+    transformers_config = meta.hf_config(model)
     if transformers_config is None:
         return None
     found = rope.context(transformers_config)
@@ -33,29 +33,28 @@ def context_length(config: Config) -> tuple[str, int] | None:
     return None
 
 
-def beyond_context(config: Config, needed: int | None = None) -> str | None:
+def beyond_context(model: ModelConfig, needed: int | None = None) -> str | None:
     """The model.rope_scaling overrides that extend the context to ``needed`` tokens (None:
     four times it); None when the config scales already or its model has no RoPE."""
-    if config.model.rope_scaling.type is not RopeScaling.NONE:
+    if model.rope_scaling.type is not RopeScaling.NONE:
         return None
-    transformers_config = meta.hf_config(config)
+    transformers_config = meta.hf_config(model)
     return None if transformers_config is None else rope.suggestion(transformers_config, needed)
 
 
-def check_max_length(config: Config) -> None:
-    """Raise a ConfigError naming both numbers when data.max_length exceeds the context."""
-    found = context_length(config)
-    length = config.data.max_length
+def check_max_length(model: ModelConfig, length: int) -> None:
+    """Raise a ConfigError naming both numbers when data.max_length (``length``) exceeds
+    the context."""
+    found = context_length(model)
     if found is None or length <= found[1]:
         return
     key, context = found
-    model = (f"model.path={config.model.path}" if config.model.path
-             else f"model.preset={config.model.preset}")
-    if config.model.rope_scaling.type is not RopeScaling.NONE:
+    named = f"model.path={model.path}" if model.path else f"model.preset={model.preset}"
+    if model.rope_scaling.type is not RopeScaling.NONE:
         beyond = ", or a larger model.rope_scaling.factor"
     else:
-        hint = beyond_context(config, length)
+        hint = beyond_context(model, length)
         beyond = f", or extend the context with {hint}" if hint else ""
     raise ConfigError(
-        f"data.max_length={length} is beyond the context of {model} ({key}={context}); set "
+        f"data.max_length={length} is beyond the context of {named} ({key}={context}); set "
         f"data.max_length to {context} or less{beyond}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from torch import nn
 
-from memfit.config.schema import Config
 from memfit.distributed.ddp import embedding_weights
 from memfit.techniques.moments import OptimizerCost
 from memfit.techniques.optimizers import OptimizerSetting, Param, spec_for
@@ -22,9 +21,9 @@ CUDA_CONTEXT_BYTES = 512 * 2**20
 ALLOCATOR_SLACK = 0.05
 
 
-def trainable_params(model: nn.Module, config: Config) -> list[Param]:
+def trainable_params(model: nn.Module, setting: OptimizerSetting) -> list[Param]:
     """Trainable parameters (tied ones once), split as training's parameter groups are."""
-    targets = spec_for(config.optimizer).targets(model, OptimizerSetting.of(config))
+    targets = spec_for(setting.optimizer).targets(model, setting)
     embeddings = {id(p) for p in embedding_weights(model)}
     linear = {id(m.weight) for m in model.modules() if isinstance(m, nn.Linear)}
     return [Param(tuple(parameter.shape), parameter.element_size(), decayed, projected,
@@ -34,12 +33,12 @@ def trainable_params(model: nn.Module, config: Config) -> list[Param]:
             for parameter in parameters]
 
 
-def optimizer_cost(params: list[Param], config: Config) -> OptimizerCost:
+def optimizer_cost(params: list[Param], setting: OptimizerSetting) -> OptimizerCost:
     if not params:
         return OptimizerCost(0, 0, 0, 0)
-    spec, setting = spec_for(config.optimizer), OptimizerSetting.of(config)
+    spec = spec_for(setting.optimizer)
     costs = spec.costs(params, setting)
-    accumulating = config.train.gradient_accumulation_steps > 1 and config.optimizer.layerwise
+    accumulating = setting.accumulation_steps > 1 and setting.optimizer.layerwise
     return OptimizerCost(sum(cost.state for cost in costs),
                          spec.step_scratch(params, costs, setting),
                          max(cost.scratch for cost in costs),

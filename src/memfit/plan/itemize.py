@@ -52,6 +52,7 @@ from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.optimizers import OptimizerSetting, spec_for
 from memfit.techniques.precision import AUTOCAST_DTYPES
 from memfit.techniques.quantize_stand_in import QuantizedLinear, quantized_path, quantizing_bytes
+from memfit.techniques.technique_options import TechniqueOptions
 
 EXACT_DEPTH = 4
 
@@ -123,29 +124,31 @@ def estimate(config: Config, device: str = "cuda",
     params, trace = sizing.params, sizing.trace
     if not params:
         raise ConfigError("the model has no trainable parameters (check adapter.*)")
-    optimizer = costs.optimizer_cost(params, config)
-    devices = per_device.sharded_over(config)
+    layout = per_device.Layout.of(config)
+    optimizer = costs.optimizer_cost(params, layout.setting)
+    devices = per_device.sharded_over(layout)
     # In host memory on a CPU device too: training copies it there (optimizer_offload.py)
     # and the tracker counts it in its host pool, not on the device.
     offload = config.memory.optimizer_offload
-    state = 0 if offload else per_device.state_bytes(params, config, optimizer.state_bytes)
+    state = 0 if offload else per_device.state_bytes(params, layout, optimizer.state_bytes)
     # FSDP2's CPUOffloadPolicy (distributed/host_offload.py): the shards of the weights,
     # their grads and the state live on the host; a gradient is on the device while whole,
     # before its unit's reduce-scatter.
-    host_shards = per_device.shards_on_host(config)
+    host_shards = per_device.shards_on_host(layout)
     first_micro_batch, forward, backward = per_device.traced_on_one_device(
-        trace, config, sizing.units)
+        trace, layout, sizing.units)
     step = StepBytes(
         first_micro_batch, forward, backward,
         grads=0 if host_shards else -(-costs.grad_bytes(params) // devices),
         largest_grad=costs.largest_trainable_bytes(params),
-        inputs=_inputs_in_step(config, sizing, device), optimizer=optimizer, devices=devices,
-        gathered=per_device.gathers(config), buckets=per_device.ddp_bucket_bytes(params, config),
-        beside_hook=per_device.beside_hook_bytes(params, config, sizing.units),
+        inputs=_inputs_in_step(config.train.gradient_accumulation_steps, sizing, device),
+        optimizer=optimizer, devices=devices,
+        gathered=per_device.gathers(layout), buckets=per_device.ddp_bucket_bytes(params, layout),
+        beside_hook=per_device.beside_hook_bytes(params, layout, sizing.units),
         host_is_device=device == "cpu",
         quantizing=sizing.quantizing)
     peak = moments.peak(moments.step_moments(step, config))
-    weights = per_device.sharded_weights(config, sizing.weight_bytes)
+    weights = per_device.sharded_weights(layout, sizing.weight_bytes)
     if host_shards:  # what FSDP2 does not shard stays: buffers
         weights = sizing.weight_bytes - sizing.sharded_bytes
     split = {"weights": weights, "grads": peak.bytes["grads"], "optimizer": state,
@@ -158,7 +161,7 @@ def estimate(config: Config, device: str = "cuda",
         rows = per_device.rank_zero_rows(params, devices)
         trainable = sum(p.nbytes for p in params)
         frozen = -(-(sizing.sharded_bytes - trainable) // devices)
-        on_host = costs.optimizer_cost(rows, config)
+        on_host = costs.optimizer_cost(rows, layout.setting)
         host += (frozen + 2 * sum(p.nbytes for p in rows) + on_host.state_bytes
                  + on_host.step_scratch_bytes)
     elif offload:  # state, fp32 host copies of the trainable weights and of their grads,
@@ -203,10 +206,10 @@ def _step_work(config: Config, sizing: _Sizing, params: list[costs.Param], devic
                     2 * 4 * sum(p.numel for p in rows) if offload else 0, traffic, tokens)
 
 
-def _inputs_in_step(config: Config, sizing: _Sizing, device: str) -> int:
+def _inputs_in_step(accumulation_steps: int, sizing: _Sizing, device: str) -> int:
     """Input bytes alive during optimizer.step(): the step's micro-batches, which on CPU are
     the device's own tensors; elsewhere the last one's device copy."""
-    batches = config.train.gradient_accumulation_steps if device == "cpu" else 1
+    batches = accumulation_steps if device == "cpu" else 1
     return batches * sizing.batch_bytes
 
 
@@ -243,7 +246,7 @@ def _trace_key(config: Config, example_batch: ExampleBatch | None, device: str) 
             config.train.micro_batch_size, token_shape(config), _batch_key(example_batch),
             config.distributed.sequence_parallel,  # the slice of each sequence traced
             # the device: where a built model's base is quantized (quantizing_bytes)
-            (quantized_path(config, device), device)
+            (quantized_path(config.adapter, device), device)
             if config.adapter.kind is AdapterKind.QLORA else None)
 
 
@@ -251,7 +254,7 @@ def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> 
     key = (*_trace_key(config, example_batch, device),
            config.optimizer.name, config.optimizer.galore.modules)  # which params are projected
     if key not in _SIZING_CACHE:
-        transformers_config = meta.hf_config(config)
+        transformers_config = meta.hf_config(config.model)
         full_depth = None if transformers_config is None else meta.depth(transformers_config)
         if full_depth is None or full_depth <= EXACT_DEPTH:
             _SIZING_CACHE[key] = _measure(config, None, example_batch, device)
@@ -282,8 +285,8 @@ def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | N
     if key not in _TRACE_CACHE:
         _TRACE_CACHE[key] = _trace(config, layers, example_batch, device)
     traced = _TRACE_CACHE[key]
-    return _Sizing(traced.weight_bytes, traced.sharded_bytes,
-                   costs.trainable_params(traced.model, config), traced.trace, traced.units,
+    params = costs.trainable_params(traced.model, OptimizerSetting.of(config))
+    return _Sizing(traced.weight_bytes, traced.sharded_bytes, params, traced.trace, traced.units,
                    traced.batch_bytes, traced.quantizing)
 
 
@@ -291,7 +294,7 @@ def _trace(config: Config, layers: int | None, example_batch: ExampleBatch | Non
            device: str) -> _Traced:
     built = meta.build(config, layers, device)
     weights = costs.weight_bytes(built.model)
-    quantizing = quantizing_bytes(built.model, config, device)
+    quantizing = quantizing_bytes(built.model, TechniqueOptions.of(config), device)
     sharded = sum(t.numel() * t.element_size() for t in _gathered(built.model))
     work = workload(config, built, example_batch)
     with torch.device("meta"):

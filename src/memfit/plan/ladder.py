@@ -9,11 +9,12 @@ there: recovery.rebuild starts their state afresh)."""
 from __future__ import annotations
 
 from memfit._utils.errors import MemfitError
+from memfit.config.overrides import Overrides, with_overrides
 from memfit.config.schema import Config
 from memfit.plan.itemize import estimate
 from memfit.plan.planned_device import planned_device
 from memfit.plan.step_time import step_time
-from memfit.plan.strategies import Overrides, rungs, with_overrides
+from memfit.plan.strategies import rungs
 
 
 def fastest_rung(config: Config, available_bytes: int, device: str) -> Overrides | None:

@@ -38,6 +38,7 @@ from typing import Any
 
 from memfit._utils.errors import ConfigError, MemfitError
 from memfit.config.limits import MAX_DEVICES, check_count
+from memfit.config.overrides import Overrides, with_overrides
 from memfit.config.schema import Config, DistributedStrategy, Task
 from memfit.plan.context import beyond_context, context_length
 from memfit.plan.itemize import Estimate, estimate
@@ -48,7 +49,7 @@ from memfit.plan.planner import (
     parse_budget,
 )
 from memfit.plan.sequence_rows import split_rows, widest_split
-from memfit.plan.strategies import METHODS, Overrides, levels, strategies, with_overrides
+from memfit.plan.strategies import METHODS, levels, strategies
 from memfit.techniques.distribution import strategy_refusal
 
 GIVEN = "config (as given)"
@@ -91,7 +92,7 @@ def longest_fit(config: Config, budget: str | int, device: str = "cuda", devices
     if device not in ("cuda", "cpu"):
         raise ConfigError(f"device={device!r} is not one of: cuda, cpu")
     check_count("--devices", devices, 1, MAX_DEVICES)
-    found = context_length(config) if config.model.task is Task.CAUSAL_LM else None
+    found = context_length(config.model) if config.model.task is Task.CAUSAL_LM else None
     if found is None:
         raise ConfigError("--max-length searches data.max_length of a causal LM given by "
                           "model.path or model.preset whose config names its context length")
@@ -128,7 +129,7 @@ def longest_fit(config: Config, budget: str | int, device: str = "cuda", devices
     longest = max(reached.values())
     best = next(name for name in search.names if reached.get(name) == longest)  # preferred
     found = search.result(best, longest, context)
-    return replace(found, beyond=beyond_context(config)) if longest == context else found
+    return replace(found, beyond=beyond_context(config.model)) if longest == context else found
 
 
 class _Search:
@@ -148,7 +149,7 @@ class _Search:
             fsdp = DistributedStrategy.FSDP
             candidates = [(f"{fsdp.value}:{name}", {**overrides, **distributed(fsdp, devices)})
                           for name, overrides in candidates]
-            split = widest_split(config, devices)
+            split = widest_split(config.model, devices)
             candidates += split_rows(candidates, split) if split > 1 else []
         self.config, self.devices = config, devices
         self.overrides: dict[str, Overrides] = {GIVEN: {}, **dict(candidates)}

@@ -34,7 +34,7 @@ from torch import nn
 
 from memfit._utils.errors import ModelError
 from memfit.config.choices import CLASSIFYING_TASKS
-from memfit.config.schema import Config, Task
+from memfit.config.schema import Config, ModelConfig, Task
 from memfit.demo import DEMO_BASE
 from memfit.models.classifier import label_arguments, with_classes
 from memfit.models.image_classifier import CLASSIFIER_PRESETS
@@ -53,21 +53,19 @@ class MetaModel:
     layers: int | None  # depth of the repeated block stack of an HF model; None: factory
 
 
-def hf_config(config: Config):
+def hf_config(model: ModelConfig):
     """The transformers config of model.path / model.preset with model.rope_scaling applied
     as training applies it (models/rope.py), or None for a factory."""
-    model = config.model
-    found = _source_config(config)
+    found = _source_config(model)
     if found is None:
         return None
     name = f"model.preset={model.preset}" if model.preset else f"model.path={model.path}"
     return with_rope_scaling(found, model.rope_scaling, name)
 
 
-def _source_config(config: Config):
+def _source_config(model: ModelConfig):
     """The transformers config model.path / model.preset names, as it is there; None
     (transformers not imported) for a plain nn.Module: a factory's or an image preset."""
-    model = config.model
     if model.preset in IMAGE_PRESETS or model.preset in CLASSIFIER_PRESETS:
         return None  # a plain nn.Module preset, built like a factory model
     if model.preset:
@@ -96,7 +94,7 @@ def depth(transformers_config) -> int | None:
 def build(config: Config, layers: int | None = None, device: str = "cuda") -> MetaModel:
     """The model as training would build it, on meta; ``layers`` shortens an HF model;
     ``device`` (cuda, cpu) picks the bitsandbytes code path a quantized base would take."""
-    base_config = hf_config(config)
+    base_config = hf_config(config.model)
     if config.model.task is Task.IMAGE_CLASSIFICATION and config.data.path is not None:
         config = with_classes(config)
     if base_config is None and (config.model.preset in IMAGE_PRESETS
@@ -105,15 +103,16 @@ def build(config: Config, layers: int | None = None, device: str = "cuda") -> Me
             model = build_image_preset(config.model, config.data.images)
         is_transformers, depth_used = False, None
     elif base_config is None:
-        model, is_transformers, depth_used = _from_factory(config), False, None
+        model, is_transformers, depth_used = _from_factory(config.model.factory), False, None
     else:
         base_config = _with_layers(base_config, layers)
         if config.model.task in CLASSIFYING_TASKS:
             base_config = _with_classes(base_config, config)
         model, is_transformers = _from_hf_config(base_config, config.model.task), True
         depth_used = depth(base_config)
-    model.to(registry.planned_weights_dtype(config))
-    model = registry.plan_apply(model, registry.setting(model, config, is_transformers, device))
+    options = registry.TechniqueOptions.of(config)
+    model.to(registry.planned_weights_dtype(options))
+    model = registry.plan_apply(model, registry.setting(model, options, is_transformers, device))
     _as_peft_quantized_layers(model)
     return MetaModel(model, is_transformers, depth_used)
 
@@ -188,10 +187,10 @@ def _from_hf_config(transformers_config, task: Task) -> nn.Module:
 _FACTORY_MODELS: dict[tuple, nn.Module] = {}
 
 
-def _from_factory(config: Config) -> nn.Module:
-    """A copy of what ``model.factory`` builds on meta; the factory runs once per version of
-    its file (a plan calls this for every strategy; the techniques change the copy)."""
-    reference = config.model.factory
+def _from_factory(reference: str) -> nn.Module:
+    """A copy of what ``model.factory`` (``reference``) builds on meta; the factory runs once
+    per version of its file (a plan calls this for every strategy; the techniques change
+    the copy)."""
     key = (reference, *_file_version(reference))
     if key not in _FACTORY_MODELS:
         _FACTORY_MODELS[key] = _run_factory(reference)

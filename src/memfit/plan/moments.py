@@ -21,15 +21,16 @@ from memfit.techniques.moments import Moment, StepBytes, moment, of_split
 from memfit.techniques.optimizers import OptimizerSetting, spec_for
 
 
-def trace_moments(step: StepBytes, config: Config) -> list[Moment]:
-    if config.optimizer.layerwise:  # each grad is consumed as it appears: the optimizer's
+def trace_moments(step: StepBytes, layerwise: bool, accumulation_steps: int) -> list[Moment]:
+    """The traced micro-batch's moments (optimizer.layerwise, train.gradient_accumulation_steps)."""
+    if layerwise:  # each grad is consumed as it appears: the optimizer's
         return []
     first = step.first_micro_batch
     gathered = (", FSDP2's gathered units and a block's whole gradients beside it"
                 if step.gathered else "")
     moments = [of_split(f"first micro-batch's {'backward' if first['grads'] else 'forward'}",
                         f"the traced micro-batch at its most live bytes{gathered}", first)]
-    if config.train.gradient_accumulation_steps > 1:
+    if accumulation_steps > 1:
         moments.append(of_split("later micro-batch",
                                 "accumulating: every grad of the earlier micro-batches and the "
                                 "one being added, beside the trace's most bytes besides grads",
@@ -37,7 +38,7 @@ def trace_moments(step: StepBytes, config: Config) -> list[Moment]:
     return moments
 
 
-def run_moments(step: StepBytes, config: Config) -> list[Moment]:
+def run_moments(step: StepBytes) -> list[Moment]:
     """The moments of a run outside its steps that training/loop.py and api.py make: an
     evaluation (a forward without grad, after a step has freed the grads: at most the
     traced forward's bytes, which also hold what backward would keep) and the checkpoint
@@ -52,18 +53,19 @@ def run_moments(step: StepBytes, config: Config) -> list[Moment]:
                    grads=0, activations=0, temporaries=copies)]
 
 
-def technique_moments(step: StepBytes, config: Config) -> list[Moment]:
+def technique_moments(step: StepBytes, options: registry.TechniqueOptions) -> list[Moment]:
     return [found for spec in registry.TECHNIQUES
-            if spec.moments is not None and spec.enabled(config)
-            for found in spec.moments(step, config)]
+            if spec.moments is not None and spec.enabled(options)
+            for found in spec.moments(step, options)]
 
 
 def step_moments(step: StepBytes, config: Config) -> list[Moment]:
     """Every contributor's moments of the whole run, the trace's first."""
     optimizer = spec_for(config.optimizer).moments(step, OptimizerSetting.of(config))
-    return [*trace_moments(step, config), *optimizer,
-            *strategy_for(config.distributed.strategy).moments(step), *run_moments(step, config),
-            *technique_moments(step, config)]
+    return [*trace_moments(step, config.optimizer.layerwise,
+                           config.train.gradient_accumulation_steps),
+            *optimizer, *strategy_for(config.distributed.strategy).moments(step),
+            *run_moments(step), *technique_moments(step, registry.TechniqueOptions.of(config))]
 
 
 def peak(moments: list[Moment]) -> Moment:

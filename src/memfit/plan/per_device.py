@@ -54,51 +54,64 @@ class Units:
     root_trainable: int  # ... its trainable part
 
 
-def sharded_over(config: Config) -> int:
+@dataclass(frozen=True)
+class Layout:
+    """How training is spread over the devices: the optimizer's setting (its
+    distributed.strategy and memory.optimizer_offload included) and distributed.nproc."""
+
+    setting: OptimizerSetting
+    processes: int
+
+    @classmethod
+    def of(cls, config: Config) -> Layout:
+        return cls(OptimizerSetting.of(config), config.distributed.nproc)
+
+
+def sharded_over(layout: Layout) -> int:
     """Devices weights, grads and state are divided over (1: each holds all of them), as
     the distribution strategy's spec says."""
-    divides = strategy_for(config.distributed.strategy).divides_training_state
-    return config.distributed.nproc if divides else 1
+    divides = strategy_for(layout.setting.strategy).divides_training_state
+    return layout.processes if divides else 1
 
 
-def sharded_weights(config: Config, weight_bytes: int) -> int:
+def sharded_weights(layout: Layout, weight_bytes: int) -> int:
     """Weights one process holds: FSDP2 shards all of them, a QLoRA base's packed codes
     and scales included (memfit.techniques.quantized_shards)."""
-    return -(-weight_bytes // sharded_over(config))
+    return -(-weight_bytes // sharded_over(layout))
 
 
-def shards_on_host(config: Config) -> bool:
+def shards_on_host(layout: Layout) -> bool:
     """memory.optimizer_offload under fsdp: FSDP2's CPUOffloadPolicy keeps each process's
     shards of the weights, their gradients and the optimizer state in host memory (on a
     CPU device too, where distributed/host_offload.py tags them as host for the tracker)."""
-    return (config.distributed.strategy is DistributedStrategy.FSDP
-            and config.memory.optimizer_offload)
+    return layout.setting.strategy is DistributedStrategy.FSDP and layout.setting.offloaded
 
 
-def gathers(config: Config) -> bool:
+def gathers(layout: Layout) -> bool:
     """Whether the device's forward and backward are FSDP2's: units gathered, gradients
     divided over several processes or moved to the host."""
-    return sharded_over(config) > 1 or shards_on_host(config)
+    return sharded_over(layout) > 1 or shards_on_host(layout)
 
 
-def traced_on_one_device(trace: TraceResult, config: Config, units: Units
+def traced_on_one_device(trace: TraceResult, layout: Layout, units: Units
                          ) -> tuple[Split, Split, Split]:
     """The traced micro-batch as one device holds it: (its most live bytes with the grads,
     the most bytes besides grads before backward, ... in backward). Without FSDP2 the
     last two are the trace's one moment with the most bytes besides grads (on one device
     the same upper bound)."""
-    if gathers(config):
-        return fsdp_in_backward(trace, sharded_over(config), units,
-                                grad_shards_on_host=shards_on_host(config))
+    if gathers(layout):
+        return fsdp_in_backward(trace, sharded_over(layout), units,
+                                grad_shards_on_host=shards_on_host(layout))
     return trace.peak, trace.peak_without_grads, trace.peak_without_grads
 
 
-def state_bytes(params: list[Param], config: Config, whole_state: int) -> int:
+def state_bytes(params: list[Param], layout: Layout, whole_state: int) -> int:
     """Optimizer state on the most loaded device (``whole_state``: all of it in one)."""
-    devices = sharded_over(config)
+    devices = sharded_over(layout)
     if devices == 1:
         return whole_state
-    spec, setting = spec_for(config.optimizer), OptimizerSetting.of(config)
+    setting = layout.setting
+    spec = spec_for(setting.optimizer)
     if not spec.steps_local_rows:  # torch's optimizers step the DTensor shards
         return -(-whole_state // devices)
 
@@ -165,34 +178,36 @@ def fsdp_in_backward(trace: TraceResult, devices: int, units: Units,
     return with_grads, start, middle
 
 
-def ddp_bucket_bytes(params: list[Param], config: Config) -> int:
+def ddp_bucket_bytes(params: list[Param], layout: Layout) -> int:
     """Bytes of DDP's gradient buckets on each rank: the gradients of every trainable
     parameter DDP reduces (all but GaLore's weights projected in backward and untied input
     embeddings, which memfit reduces); 0 where DDP
     does not wrap the model (another strategy, or layer-wise updates)."""
-    if config.distributed.strategy is not DistributedStrategy.DDP or config.optimizer.layerwise:
+    setting = layout.setting
+    if setting.strategy is not DistributedStrategy.DDP or setting.optimizer.layerwise:
         return 0
-    memfit_reduces = projects_in_backward(OptimizerSetting.of(config))
+    memfit_reduces = projects_in_backward(setting)
     return sum(p.nbytes for p in params
                if not (memfit_reduces and p.projected) and not p.row_sparse)
 
 
-def in_flight_reduction_bytes(params: list[Param], config: Config) -> int:
+def in_flight_reduction_bytes(params: list[Param], layout: Layout) -> int:
     """Layer-wise updates under ddp: the gradient whose all-reduce is in flight while the
     hook of the next one runs — at most the second largest, the largest being the one
     consumed (itemize counts that)."""
-    if config.distributed.strategy is not DistributedStrategy.DDP or not config.optimizer.layerwise:
+    setting = layout.setting
+    if setting.strategy is not DistributedStrategy.DDP or not setting.optimizer.layerwise:
         return 0
     sizes = sorted(p.nbytes for p in params)
     return sizes[-2] if len(sizes) > 1 else 0
 
 
-def beside_hook_bytes(params: list[Param], config: Config, units: Units) -> int:
+def beside_hook_bytes(params: list[Param], layout: Layout, units: Units) -> int:
     """Layer-wise updates: gradients alive whole beside the one a hook consumes (the
     largest: under fsdp a root weight's, whole until the root reduces last): under fsdp
     the running block's, under ddp the one whose all-reduce is in flight."""
-    running_block = units.block_trainable if sharded_over(config) > 1 else 0
-    return running_block + in_flight_reduction_bytes(params, config)
+    running_block = units.block_trainable if sharded_over(layout) > 1 else 0
+    return running_block + in_flight_reduction_bytes(params, layout)
 
 
 def rank_zero_rows(params: list[Param], devices: int) -> list[Param]:

@@ -27,6 +27,7 @@ from memfit.config.limits import (
     check_control_characters,
     check_count,
 )
+from memfit.config.overrides import Overrides, with_overrides
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Task
 from memfit.config.validate import check_numbers, check_rope_scaling
 from memfit.plan import meta
@@ -38,7 +39,7 @@ from memfit.plan.planned_device import planned_device
 from memfit.plan.search import with_fitted
 from memfit.plan.sequence_rows import split_rows, widest_split
 from memfit.plan.step_time import StepTime, step_time
-from memfit.plan.strategies import Overrides, strategies, with_overrides
+from memfit.plan.strategies import strategies
 from memfit.techniques import chunked_loss
 from memfit.techniques.distribution import strategy_refusal
 from memfit.techniques.tiled_mlp import MLPS
@@ -101,7 +102,7 @@ def plan(config: Config, budget: str | int | None = None, device: str = "cuda",
     (ddp when it names none). With memory.auto_keep_adapters only the strategies with
     adapters are planned and recommended (the others are skipped, with that reason).
     ``prefer`` / ``any_method``: how the recommendation weighs time (choose.py)."""
-    check_max_length(config)
+    check_max_length(config.model, config.data.max_length)
     check_preference(prefer)
     target = planned_device(device)
     kind, profile = target.kind, target.profile
@@ -135,7 +136,7 @@ def plan(config: Config, budget: str | int | None = None, device: str = "cuda",
 
     candidates = _candidates(config, devices)
     plan_rows(candidates)
-    split = widest_split(config, devices)
+    split = widest_split(config.model, devices)
     if budget_bytes is not None and split > 1 and not any(row.fits for row in rows):
         plan_rows(split_rows(candidates, split))  # only where nothing else fits
     chosen, reason = None, NO_BUDGET
@@ -236,7 +237,7 @@ def recommend(config: Config, budget_bytes: int, device: str = "cuda",
 def refuse_if_too_large(config: Config, available_bytes: int, device: str) -> None:
     """Raise a ConfigError with the plan's numbers when training ``config`` as given
     cannot fit ``available_bytes`` (what ``memfit train`` checks for large presets)."""
-    check_max_length(config)
+    check_max_length(config.model, config.data.max_length)
     given = estimate(config, device)
     if given.device_bytes > available_bytes:
         name = config.model.preset or config.model.path or config.model.factory

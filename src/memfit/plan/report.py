@@ -6,13 +6,13 @@ from __future__ import annotations
 from memfit._utils.sizes import format_bytes
 from memfit.accounting import CATEGORIES
 from memfit.config.choices import TOKEN_FORMATS
-from memfit.config.schema import Config, DataFormat
+from memfit.config.overrides import differing
+from memfit.config.schema import Config, DataConfig, DataFormat
 from memfit.plan.choose import format_seconds
 from memfit.plan.itemize import Estimate
 from memfit.plan.longest import MIN_LENGTH, LongestFit
 from memfit.plan.planner import Plan, device_label
 from memfit.plan.step_time import StepTime
-from memfit.plan.strategies import differing
 
 _COLUMNS = (*CATEGORIES, "peak", "+overhead", "host", "step", "tok/s")
 
@@ -25,15 +25,14 @@ def _cells(row: Estimate, time: StepTime) -> list[str]:
             format_seconds(time.seconds), "-" if speed is None else f"{speed:,.0f}"]
 
 
-def _micro_batch(config: Config) -> str:
-    """The micro-batch in the data's own units: tokens, images or examples."""
-    size = config.train.micro_batch_size
-    if config.data.format in TOKEN_FORMATS:
-        return f"{size} x {config.data.max_length} tokens"
-    if config.data.format is DataFormat.CLASSIFICATION:
-        return f"{size} texts of up to {config.data.max_length} tokens"
-    if config.data.format is DataFormat.IMAGES:
-        side = config.data.images.size
+def _micro_batch(size: int, data: DataConfig) -> str:
+    """A micro-batch of ``size`` in the data's own units: tokens, images or examples."""
+    if data.format in TOKEN_FORMATS:
+        return f"{size} x {data.max_length} tokens"
+    if data.format is DataFormat.CLASSIFICATION:
+        return f"{size} texts of up to {data.max_length} tokens"
+    if data.format is DataFormat.IMAGES:
+        side = data.images.size
         return f"{size} images" + (f" of {side}x{side}" if side else "")
     return f"{size} examples"
 
@@ -43,7 +42,8 @@ def format_plan(result: Plan, config: Config) -> str:
     devices = (f", {result.devices} devices (bytes per device; ddp: each holds the whole "
                "model, fsdp: sharded)" if result.devices > 1 else "")
     budget = result.budget_bytes
-    lines = [f"memfit plan: {model}, micro-batch {_micro_batch(config)}, "
+    micro_batch = _micro_batch(config.train.micro_batch_size, config.data)
+    lines = [f"memfit plan: {model}, micro-batch {micro_batch}, "
              f"{config.train.gradient_accumulation_steps} accumulation steps, "
              f"{'no budget' if budget is None else 'budget ' + format_bytes(budget)}, "
              f"for {result.label}{devices}", ""]

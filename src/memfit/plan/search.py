@@ -17,13 +17,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from memfit._utils.errors import MemfitError
+from memfit.config.overrides import with_overrides
 from memfit.config.schema import Config
 from memfit.plan import meta
 from memfit.plan.choose import StrategyEstimate
 from memfit.plan.devices import DeviceProfile
 from memfit.plan.itemize import ExampleBatch, estimate
 from memfit.plan.step_time import step_time
-from memfit.plan.strategies import FIT, LEVELS, with_overrides
+from memfit.plan.strategies import FIT, LEVELS
 
 _OFFLOADED = LEVELS[-1]
 
@@ -33,7 +34,7 @@ def with_fitted(config: Config, rows: list[StrategyEstimate], budget: int, devic
                 ) -> list[StrategyEstimate]:
     """``rows`` with each method's ``+fit`` row after its named levels, where one lies
     between a level that does not fit and the next that does."""
-    transformers_config = meta.hf_config(config)
+    transformers_config = meta.hf_config(config.model)
     depth = None if transformers_config is None else meta.depth(transformers_config)
     if example_batch is not None or depth is None or depth < 2:
         return rows

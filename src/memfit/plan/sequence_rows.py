@@ -10,21 +10,21 @@ inside every attention layer (counted by the trace: distributed/sequence_paralle
 
 from __future__ import annotations
 
-from memfit.config.schema import Config, DistributedStrategy, Task
+from memfit.config.overrides import Overrides
+from memfit.config.schema import DistributedStrategy, ModelConfig, Task
 from memfit.distributed.sequence_parallel import SUPPORTED_MODEL_TYPES, head_splits
 from memfit.plan import meta
-from memfit.plan.strategies import Overrides
 
 
-def widest_split(config: Config, devices: int) -> int:
+def widest_split(model: ModelConfig, devices: int) -> int:
     """The most processes that can share a sequence: the largest N dividing ``devices``
     and the model's attention and key/value heads; 1 where the model cannot be split (not
     a supported Hugging Face causal LM)."""
-    model = None if config.model.factory else meta.hf_config(config)
-    if (devices < 2 or model is None or config.model.task is not Task.CAUSAL_LM
-            or getattr(model, "model_type", None) not in SUPPORTED_MODEL_TYPES):
+    found = None if model.factory else meta.hf_config(model)
+    if (devices < 2 or found is None or model.task is not Task.CAUSAL_LM
+            or getattr(found, "model_type", None) not in SUPPORTED_MODEL_TYPES):
         return 1
-    return max(n for n in head_splits(model) if devices % n == 0)
+    return max(n for n in head_splits(found) if devices % n == 0)
 
 
 def split_rows(rows: list[tuple[str, Overrides]], split: int) -> list[tuple[str, Overrides]]:

@@ -21,19 +21,11 @@ so every level of a method is tried before the next method.
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import typing
-from typing import Any
-
-from memfit.config.limits import lookup
-from memfit.config.load import convert_value
+from memfit.config.overrides import Overrides, value_of
 from memfit.config.schema import AdapterKind, Config, DistributedStrategy, Task
 from memfit.techniques.optimizers import SPECS, OptimizerSetting, spec_for
 from memfit.techniques.registry import TECHNIQUES
 from memfit.techniques.specs.spec import PLAN_LEVELS
-
-Overrides = dict[str, Any]
 
 # The two families of methods: full-parameter training in bf16 autocast (each optimizer
 # spec's plan_methods), and adapters on a bf16 frozen base (embeddings and norms
@@ -47,17 +39,6 @@ METHODS: list[tuple[str, Overrides]] = [
     *((name, {**_ADAPTER, **overrides})
       for spec in TECHNIQUES for name, overrides in spec.plan_methods),
 ]
-
-
-def value_of(config: Config, key: str) -> Any:
-    """A dotted key's value in ``config``, as a user writes it (an enum by its value)."""
-    value = lookup(config, key)
-    return value.value if isinstance(value, enum.Enum) else value
-
-
-def differing(config: Config, overrides: Overrides) -> Overrides:
-    """The overrides that change ``config``: what a user must write to apply a row."""
-    return {key: value for key, value in overrides.items() if value_of(config, key) != value}
 
 
 # What every row starts from: the techniques' row_reset keys at their defaults, so a row
@@ -105,30 +86,6 @@ def strategies(chunked_loss_ok: bool, tiled_mlp_ok: bool = False, tiled_norms_ok
                                      tiled_norms_ok):
             ordered.append((method + suffix, {**overrides, **memory}))
     return ordered
-
-
-def with_overrides(config: Config, overrides: Overrides) -> Config:
-    """``config`` with dotted-key overrides applied, WITHOUT validation: the planner must
-    plan keys whose feature may still be rejected by config.validate."""
-    nested: dict[str, Any] = {}
-    for key, value in overrides.items():
-        node = nested
-        *parents, leaf = key.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    return _replace(config, nested)
-
-
-def _replace(node: Any, changes: dict[str, Any]) -> Any:
-    updates = {}
-    hints = typing.get_type_hints(type(node))
-    for key, value in changes.items():
-        if isinstance(value, dict) and dataclasses.is_dataclass(hints[key]):
-            updates[key] = _replace(getattr(node, key), value)
-        else:  # as the YAML loader converts it (e.g. "adamw" is a name, not a class path)
-            updates[key] = convert_value(hints[key], value, key)
-    return dataclasses.replace(node, **updates)
 
 
 def next_cheaper(config: Config) -> Overrides | None:

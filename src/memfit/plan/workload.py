@@ -88,12 +88,12 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
     models the shapes of ``example_batch``, traced through their own loss (model.loss or
     forward's)."""
     loss_function = import_object(config.model.loss, "model.loss") if config.model.loss else None
-    loss = TrainingLoss.for_config(config, loss_function)
+    loss = TrainingLoss.of(config.model, config.memory, loss_function)
     size = config.train.micro_batch_size
     shape = token_shape(config)
     length = shape.length
     if config.model.task is Task.CAUSAL_LM and built.is_transformers:
-        loss = _sequence_parallel(config, built, loss, length)
+        loss = _sequence_parallel(config.distributed.sequence_parallel, built, loss, length)
         exchanges = loss.sequence_group.group if loss.sequence_group else None
 
         def make_batch() -> dict[str, Any]:
@@ -143,14 +143,13 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
                     replace(loss, causal_lm=False, loss_chunk_tokens=None).loss_sum)
 
 
-def _sequence_parallel(config: Config, built: MetaModel, loss: TrainingLoss, length: int
+def _sequence_parallel(size: int, built: MetaModel, loss: TrainingLoss, length: int
                        ) -> TrainingLoss:
     """distributed.sequence_parallel > 1: one rank of a sequence group, as training runs
     it (distributed/sequence_parallel.py): the model's attention exchanges heads for tokens
     (the exchanges only allocate their outputs here), and the loss feeds it this rank's
     slice of the whole micro-batch every rank holds. A model that cannot be split raises
-    ConfigError, as training would."""
-    size = config.distributed.sequence_parallel
+    ConfigError, as training would. ``size``: distributed.sequence_parallel."""
     if size == 1:
         return loss
     sequence_parallel.use_sequence_parallel_attention(built.model, size, length)

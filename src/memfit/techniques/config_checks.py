@@ -26,7 +26,7 @@ def from_mapping(raw: dict[str, Any] | None) -> Config:
     spec_for(config.optimizer)  # an unknown optimizer.name is the first thing to say
     validate(config)
     check_with_specs(config)
-    warn_ignored_keys(config, raw or {}, [*optimizer_rules(config), *technique_rules()])
+    warn_ignored_keys(config, raw or {}, [*optimizer_rules(config.optimizer), *technique_rules()])
     return config
 
 

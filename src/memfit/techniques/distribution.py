@@ -83,9 +83,9 @@ def _sharded(model: nn.Module, setting: registry.Setting, device: torch.device) 
     comes first: FSDP2 keeps the dtype it shards."""
     model = registry.apply_stage("device", model, setting)
     quantized_shards.make_shardable(model)  # a quantized base: codes and scales as one uint8
-    memory = setting.config.memory
+    memory = setting.options.memory
     blocks = choose_blocks(model, memory)
-    return fsdp.shard(model, blocks, setting.config.precision, device,
+    return fsdp.shard(model, blocks, setting.options.precision, device,
                       host_offload=memory.optimizer_offload)
 
 

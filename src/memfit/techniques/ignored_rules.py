@@ -7,15 +7,15 @@ from __future__ import annotations
 import dataclasses
 
 from memfit.config.ignored import Rule
-from memfit.config.schema import Config, OptimizerConfig
+from memfit.config.schema import OptimizerConfig
 from memfit.techniques.optimizers.options import SHARED_KEYS
 from memfit.techniques.optimizers.registry import spec_for
 from memfit.techniques.registry import TECHNIQUES
 
 
-def optimizer_rules(config: Config) -> list[Rule]:
-    """The rules for ``config``'s optimizer: its unread keys, then its own rules."""
-    spec = spec_for(config.optimizer)
+def optimizer_rules(optimizer: OptimizerConfig) -> list[Rule]:
+    """The rules for ``optimizer``: its unread keys, then its spec's own rules."""
+    spec = spec_for(optimizer)
     reads = "optimizer." + ", ".join(key for key in (*SHARED_KEYS, *spec.options)
                                      if key != "name")
     rules = [Rule((_pattern(field),), lambda c: True,

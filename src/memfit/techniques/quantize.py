@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import AdapterConfig, BaseQuantization, Config, Precision
+from memfit.config.schema import AdapterConfig, BaseQuantization, ModelConfig, Precision
 from memfit.demo import DEMO_BASE
 from memfit.models.gguf import gguf_file
 
@@ -37,14 +37,14 @@ def compute_dtype(precision: Precision) -> torch.dtype:
     return COMPUTE_DTYPES[precision]
 
 
-def quantized_while_loading(config: Config) -> bool:
+def quantized_while_loading(model: ModelConfig) -> bool:
     """Hugging Face folders (model.path, the demo base) are quantized by transformers while
     loading (``bnb_config``); built models (presets, factories) and GGUF files (which
     transformers dequantizes, and will not combine with bitsandbytes) after, by
     ``quantize_linears``."""
-    if config.model.path:
-        return gguf_file(Path(config.model.path)) is None
-    return config.model.preset == DEMO_BASE
+    if model.path:
+        return gguf_file(Path(model.path)) is None
+    return model.preset == DEMO_BASE
 
 
 def bnb_config(config: AdapterConfig, precision: Precision, skip_modules: list[str]):

@@ -13,49 +13,51 @@ from typing import Literal
 import torch
 from torch import nn
 
-from memfit.config.schema import BaseQuantization, Config
+from memfit.config.schema import AdapterConfig, BaseQuantization, ModelConfig, Precision
 from memfit.models.load import TORCH_DTYPES
 from memfit.techniques import quantize
+from memfit.techniques.technique_options import TechniqueOptions
 
 # The bitsandbytes autograd function a quantized Linear trains through (QuantizedLinear).
 QuantizedPath = Literal["matmul4bit", "matmul8bitlt", "matmul8bitfp"]
 
 
-def quantized_path(config: Config, device: str) -> QuantizedPath:
+def quantized_path(adapter: AdapterConfig, device: str) -> QuantizedPath:
     """The bitsandbytes autograd function a quantized base trains through on ``device``:
     MatMul4Bit for NF4; for int8, MatMul8bitLt on CUDA and MatMul8bitFp on CPU."""
-    if config.adapter.quantization is not BaseQuantization.INT8:
+    if adapter.quantization is not BaseQuantization.INT8:
         return "matmul4bit"
     return "matmul8bitfp" if device == "cpu" else "matmul8bitlt"
 
 
-def _quantized_from(config: Config) -> torch.dtype:
+def _quantized_from(model: ModelConfig, precision: Precision) -> torch.dtype:
     """The dtype the 4-bit weights were quantized from, which is the dtype bitsandbytes
     dequantizes them to in backward: Hugging Face folders are quantized by transformers
     while loading in model.dtype; built models (presets, factories) by
     techniques.quantize from the compute dtype."""
-    if quantize.quantized_while_loading(config):
-        return TORCH_DTYPES[config.model.dtype]
-    return quantize.compute_dtype(config.precision)
+    if quantize.quantized_while_loading(model):
+        return TORCH_DTYPES[model.dtype]
+    return quantize.compute_dtype(precision)
 
 
-def stand_in_for_frozen_linears(model: nn.Module, config: Config, skip: nn.Module | None,
-                                path: QuantizedPath) -> None:
+def stand_in_for_frozen_linears(model: nn.Module, options: TechniqueOptions,
+                                skip: nn.Module | None, path: QuantizedPath) -> None:
     """Every frozen plain nn.Linear but ``skip`` (the output layer) becomes a
     QuantizedLinear. Called after the adapters: PEFT wraps plain nn.Linear layers, and the
     stand-in then replaces the frozen base layer inside each wrapper."""
-    compute, source = quantize.compute_dtype(config.precision), _quantized_from(config)
+    compute = quantize.compute_dtype(options.precision)
+    source = _quantized_from(options.model, options.precision)
     for name, module in list(model.named_modules()):
         if type(module) is not nn.Linear or module is skip or module.weight.requires_grad:
             continue
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         nbytes = quantize.quantized_weight_bytes(module.out_features, module.in_features,
-                                                 config.adapter)
+                                                 options.adapter)
         setattr(parent, child, QuantizedLinear(module, nbytes, compute, source, path))
 
 
-def quantizing_bytes(model: nn.Module, config: Config, device: str) -> int:
+def quantizing_bytes(model: nn.Module, options: TechniqueOptions, device: str) -> int:
     """What ``device`` holds while the base is being quantized beyond what training stores
     (the stand-ins' codes are in the weights already): a folder is quantized one layer at a
     time as transformers loads it onto the device, so the largest layer in the dtype it is
@@ -68,18 +70,16 @@ def quantizing_bytes(model: nn.Module, config: Config, device: str) -> int:
     model stage stores in the compute dtype later (techniques.quantize.store_frozen_in: the
     kept output layer), still as loaded."""
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
-    loading = quantize.quantized_while_loading(config)
+    loading = quantize.quantized_while_loading(options.model)
     if not layers or not loading and device != "cpu":
         return 0
-    from memfit.models.load import TORCH_DTYPES
-
-    loaded = TORCH_DTYPES[config.model.dtype].itemsize
+    loaded = TORCH_DTYPES[options.model.dtype].itemsize
     largest = max(layer.in_features * layer.out_features for layer in layers)
     if loading:
         full = largest * loaded
     else:
         full = (sum(layer.in_features * layer.out_features for layer in layers) * loaded
-                + largest * quantize.compute_dtype(config.precision).itemsize)
+                + largest * quantize.compute_dtype(options.precision).itemsize)
     uncast = sum(p.numel() * (loaded - p.element_size()) for p in model.parameters()
                  if not p.requires_grad and p.is_floating_point() and p.element_size() < loaded)
     return full + largest + uncast

@@ -22,7 +22,6 @@ from typing import Any
 
 from torch import nn
 
-from memfit.config.schema import Config
 from memfit.techniques.specs import (
     activation_offload,
     adapters,
@@ -41,9 +40,11 @@ from memfit.techniques.specs.frozen_in_compute_dtype import frozen_storage_dtype
 from memfit.techniques.specs.pure_bf16 import planned_weights_dtype
 from memfit.techniques.specs.quantized_base import load_quantization
 from memfit.techniques.specs.spec import STAGES, Setting, Stage, TechniqueSpec, setting
+from memfit.techniques.technique_options import TechniqueOptions
 
 # What training and the planner use of the specs, through this module.
-__all__ = ["STAGES", "TECHNIQUES", "Setting", "Stage", "TechniqueSpec", "apply_stage",
+__all__ = ["STAGES", "TECHNIQUES", "Setting", "Stage", "TechniqueOptions", "TechniqueSpec",
+           "apply_stage",
            "check_applied", "frozen_storage_dtype", "load_quantization", "plan_apply",
            "planned_weights_dtype", "setting"]
 
@@ -66,24 +67,24 @@ TECHNIQUES: tuple[TechniqueSpec, ...] = (
 def apply_stage(stage: Stage, subject: Any, setting: Setting) -> Any:
     """Training: every enabled technique of ``stage`` applied to ``subject``, in order."""
     for spec in TECHNIQUES:
-        if spec.stage == stage and spec.apply is not None and spec.enabled(setting.config):
+        if spec.stage == stage and spec.apply is not None and spec.enabled(setting.options):
             subject = spec.apply(subject, setting)
     return subject
 
 
-def check_applied(model: nn.Module, config: Config) -> list[str]:
+def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:
     """Training's "did it apply?" checks of every enabled technique, stage by stage;
     returns their warnings (a technique that did not apply raises ConfigError)."""
     warnings = []
     for spec in sorted(TECHNIQUES, key=lambda spec: STAGES.index(spec.stage)):
-        if spec.enabled(config):
-            warnings += spec.check_applied(model, config)
+        if spec.enabled(options):
+            warnings += spec.check_applied(model, options)
     return warnings
 
 
 def plan_apply(model: nn.Module, setting: Setting) -> nn.Module:
     """The planner: every enabled technique's view applied to the meta model, in order."""
     for spec in TECHNIQUES:
-        if spec.plan_apply is not None and spec.enabled(setting.config):
+        if spec.plan_apply is not None and spec.enabled(setting.options):
             model = spec.plan_apply(model, setting)
     return model

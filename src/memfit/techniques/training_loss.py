@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from memfit.config.schema import Config, Task
+from memfit.config.schema import MemoryConfig, ModelConfig, Task
 from memfit.distributed import sequence_parallel
 from memfit.distributed.sequence_parallel import SequenceGroup
 from memfit.models.export_module import plain_module
@@ -54,18 +54,18 @@ class TrainingLoss:
     sequence_group: SequenceGroup | None = None
 
     @classmethod
-    def for_config(cls, config: Config, loss_function: LossFunction | None = None):
-        task = config.model.task
+    def of(cls, model: ModelConfig, memory: MemoryConfig,
+           loss_function: LossFunction | None = None):
+        """The loss model.task and memory.chunked_loss call for."""
+        task = model.task
         images = task is Task.IMAGE_CLASSIFICATION
         return cls(causal_lm=task is Task.CAUSAL_LM, loss_function=loss_function,
-                   loss_chunk_tokens=config.memory.loss_chunk_tokens
-                   if config.memory.chunked_loss else None,
-                   reconstruction_loss=config.model.reconstruction_loss.value
+                   loss_chunk_tokens=memory.loss_chunk_tokens if memory.chunked_loss else None,
+                   reconstruction_loss=model.reconstruction_loss.value
                    if task is Task.AUTOENCODER else None,
                    classification=task in (Task.SEQUENCE_CLASSIFICATION, Task.IMAGE_CLASSIFICATION),
-                   image_input=("pixel_values" if config.model.path else "images")
-                   if images else None,
-                   classes=(len(config.model.labels) or None) if images else None)
+                   image_input=("pixel_values" if model.path else "images") if images else None,
+                   classes=(len(model.labels) or None) if images else None)
 
     def logits(self, model: nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """A classifier's (batch, classes) logits for the micro-batch."""

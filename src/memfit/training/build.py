@@ -123,32 +123,36 @@ def warn_if_smaller_than_a_micro_batch(train: TrainConfig, sequence_groups: int,
 def load_base(config: Config) -> LoadedModel:
     """Steps 2 and 4: the model with its frozen base quantized as configured (shared with
     ``memfit merge``, which must rebuild exactly the base the adapters were trained on)."""
-    loaded = load_model(config.model, registry.load_quantization(config),
+    options = registry.TechniqueOptions.of(config)
+    loaded = load_model(config.model, registry.load_quantization(options),
                         images=config.data.images)
-    loaded.model = registry.apply_stage("load", loaded.model, _setting(loaded.model, config,
+    loaded.model = registry.apply_stage("load", loaded.model, _setting(loaded.model, options,
                                                                        loaded.is_transformers))
     return loaded
 
 
-def _setting(model: nn.Module, config: Config, is_transformers: bool) -> registry.Setting:
-    return registry.setting(model, config, is_transformers, distributed.device().type)
+def _setting(model: nn.Module, options: registry.TechniqueOptions, is_transformers: bool
+             ) -> registry.Setting:
+    return registry.setting(model, options, is_transformers, distributed.device().type)
 
 
-def prepare_model(loaded: LoadedModel, config: Config) -> tuple[nn.Module, list[str]]:
+def prepare_model(loaded: LoadedModel, options: registry.TechniqueOptions
+                  ) -> tuple[nn.Module, list[str]]:
     """Steps 5 and 6 on a loaded base; returns the model and the checks' warnings."""
-    model = registry.apply_stage("model", loaded.model, _setting(loaded.model, config,
+    model = registry.apply_stage("model", loaded.model, _setting(loaded.model, options,
                                                                  loaded.is_transformers))
-    return model, registry.check_applied(model, config)
+    return model, registry.check_applied(model, options)
 
 
-def place_and_optimize(model: nn.Module, config: Config, is_transformers: bool,
+def place_and_optimize(model: nn.Module, options: registry.TechniqueOptions,
+                       optimizer_setting: OptimizerSetting, is_transformers: bool,
                        device: torch.device) -> tuple[nn.Module, torch.optim.Optimizer]:
     """Steps 8-10 on a prepared model: the device stage as the distribution strategy holds
     the model (whole, or sharded by FSDP2), then the optimizer its spec builds, wrapped by
     the optimizer stage."""
-    setting = registry.setting(model, config, is_transformers, device.type)
-    model = strategy_for(config.distributed.strategy).place(model, setting, device)
-    optimizer = build_optimizer(model, OptimizerSetting.of(config))
+    setting = registry.setting(model, options, is_transformers, device.type)
+    model = strategy_for(options.strategy).place(model, setting, device)
+    optimizer = build_optimizer(model, optimizer_setting)
     return model, registry.apply_stage("optimizer", optimizer, setting)
 
 
@@ -163,13 +167,14 @@ def split_sequences(model: nn.Module, size: int, max_length: int
 
 
 def build_run(config: Config) -> Run:
-    check_max_length(config)
+    check_max_length(config.model, config.data.max_length)
     seed_everything(config.train.seed)
     config = with_classes(config)
     loaded = load_base(config)
     splits = build_datasets(config.data, loaded.tokenizer, seed=config.train.seed,
                             labels=class_labels(config.model))
-    model, warnings = prepare_model(loaded, config)
+    options = registry.TechniqueOptions.of(config)
+    model, warnings = prepare_model(loaded, options)
     exported_module(model, config.model.export_module)  # a bad name fails before training
     for warning in warnings:
         print(f"memfit: warning: {warning}", file=sys.stderr)
@@ -180,7 +185,8 @@ def build_run(config: Config) -> Run:
     sequence_group = split_sequences(model, config.distributed.sequence_parallel,
                                      config.data.max_length)
     device = distributed.device()
-    model, optimizer = place_and_optimize(model, config, loaded.is_transformers, device)
+    model, optimizer = place_and_optimize(model, options, OptimizerSetting.of(config),
+                                          loaded.is_transformers, device)
     replicas = strategy_for(config.distributed.strategy).replicas(
         model, optimizer, OptimizerSetting.of(config), device)
     groups = sequence_parallel.data_parallel(config.distributed.sequence_parallel)[1]
@@ -192,7 +198,7 @@ def build_run(config: Config) -> Run:
     return Run(
         config=config, model=model, tokenizer=loaded.tokenizer,
         is_transformers=loaded.is_transformers, splits=splits,
-        objective=replace(Objective.for_config(config, loaded.loss_function),
+        objective=replace(Objective.of(config.model, config.memory, loaded.loss_function),
                           sequence_group=sequence_group),
         optimizer=optimizer, scheduler=scheduler,
         scaler=grad_scaler(config.precision, device), device=device, total_steps=total_steps,

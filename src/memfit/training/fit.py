@@ -16,12 +16,12 @@ from memfit import distributed
 from memfit._utils.errors import MemfitError
 from memfit._utils.sizes import parse_bytes
 from memfit.config import Config, to_mapping
+from memfit.config.overrides import with_overrides
 from memfit.config.schema import Task
 from memfit.data import build_datasets, collate
 from memfit.models.architectures import ARCHITECTURES
 from memfit.models.classifier import class_labels, with_classes
 from memfit.plan.planner import recommend, refuse_if_too_large
-from memfit.plan.strategies import with_overrides
 from memfit.techniques.config_checks import from_mapping
 
 

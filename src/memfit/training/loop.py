@@ -231,7 +231,8 @@ def _train_steps(run: Run, run_dir: Path, state: TrainerState, logger: MetricsLo
     result = LoopResult(state)
     # The checkpoint this segment started from (a resume may have skipped damaged newer ones).
     started_from = run_dir / "checkpoints" / f"step-{state.step}"
-    guard = DivergenceGuard(run.config, started_from if started_from.is_dir() else None,
+    guard = DivergenceGuard(run.config.train, run.config.optimizer,
+                            started_from if started_from.is_dir() else None,
                             scaler_checks_gradients=run.scaler is not None)
     if state.step == 0:
         metrics = (_evaluate_within_memory(run, meter, 0) if run.config.train.eval_at_start

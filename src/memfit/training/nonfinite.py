@@ -24,8 +24,7 @@ from torch import nn
 
 from memfit import distributed
 from memfit._utils.errors import MemfitWarning, TrainingDiverged
-from memfit.config import Config
-from memfit.config.schema import NonfiniteAction
+from memfit.config.schema import NonfiniteAction, OptimizerConfig, TrainConfig
 
 # Elements checked at once: bounds the bool temporary for a large weight (16 MiB).
 _CHUNK_ELEMENTS = 1 << 24
@@ -66,8 +65,9 @@ def first_nonfinite_weight(model: nn.Module) -> str | None:
 class DivergenceGuard:
     """The verdict on each step, the skip counts, and the last checkpoint known finite."""
 
-    def __init__(self, config: Config, last_checkpoint: Path | None, scaler_checks_gradients: bool):
-        self.config = config
+    def __init__(self, train: TrainConfig, optimizer: OptimizerConfig,
+                 last_checkpoint: Path | None, scaler_checks_gradients: bool):
+        self.train, self.optimizer = train, optimizer  # train.on_nonfinite ..., for remedies
         self.last_checkpoint = last_checkpoint
         self.scaler_checks_gradients = scaler_checks_gradients
         self.skipped_steps = 0
@@ -76,14 +76,14 @@ class DivergenceGuard:
 
     @property
     def skipping(self) -> bool:
-        return self.config.train.on_nonfinite is NonfiniteAction.SKIP
+        return self.train.on_nonfinite is NonfiniteAction.SKIP
 
     def judge(self, step: int, loss: float, grad_norm: float) -> Verdict:
         self.problem = nonfinite_quantity(loss, grad_norm, self.scaler_checks_gradients)
         if self.problem is None:
             self.consecutive_skips = 0
             return Verdict.APPLY
-        limit = self.config.train.max_consecutive_skips
+        limit = self.train.max_consecutive_skips
         if not self.skipping or self.consecutive_skips >= limit:
             return Verdict.STOP
         self.consecutive_skips += 1
@@ -98,7 +98,7 @@ class DivergenceGuard:
         after = ""
         if self.skipping:
             after = (f" after {self.consecutive_skips} skipped steps in a row "
-                     f"(train.max_consecutive_skips={self.config.train.max_consecutive_skips})")
+                     f"(train.max_consecutive_skips={self.train.max_consecutive_skips})")
         return self._error(f"{self.problem} at step {step}{after}", offer_skip=not self.skipping)
 
     def check_weights(self, model: nn.Module, step: int) -> None:
@@ -112,10 +112,10 @@ class DivergenceGuard:
 
     def _error(self, what: str, offer_skip: bool) -> TrainingDiverged:
         checkpoint = self.last_checkpoint or "none was saved"
-        remedies = [f"lower optimizer.lr (now {self.config.optimizer.lr})"]
-        if self.config.train.max_grad_norm is None:
+        remedies = [f"lower optimizer.lr (now {self.optimizer.lr})"]
+        if self.train.max_grad_norm is None:
             remedies.append("set train.max_grad_norm")
-        if offer_skip and not self.config.optimizer.layerwise:
+        if offer_skip and not self.optimizer.layerwise:
             remedies.append("use train.on_nonfinite=skip")
         advice = ", ".join(remedies[:-1]) + (", or " if len(remedies) > 1 else "") + remedies[-1]
         return TrainingDiverged(f"{what}; last finite checkpoint: {checkpoint}; {advice}")

@@ -22,9 +22,10 @@ from torch.utils._pytree import tree_map
 
 from memfit._utils.errors import ConfigError
 from memfit.config import to_mapping
+from memfit.config.overrides import value_of, with_overrides
 from memfit.config.schema import Config
 from memfit.plan.ladder import fastest_rung
-from memfit.plan.strategies import next_cheaper, value_of, with_overrides
+from memfit.plan.strategies import next_cheaper
 from memfit.techniques.config_checks import from_mapping
 from memfit.training.build import Run, build_run
 

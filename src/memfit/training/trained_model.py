@@ -43,7 +43,7 @@ from memfit.models.load import TORCH_DTYPES, load_model
 from memfit.techniques import quantize
 from memfit.techniques.config_checks import from_mapping
 from memfit.techniques.lora_parts import fused_width
-from memfit.techniques.registry import frozen_storage_dtype
+from memfit.techniques.registry import TechniqueOptions, frozen_storage_dtype
 from memfit.training.build import load_base, seed_everything
 from memfit.training.run_folder import MARKER_FILE, is_run_folder
 
@@ -96,7 +96,7 @@ def merged_model(run_dir: Path, config: Config, command: str = "memfit merge") -
     loaded = load_base(config)
     base, dtype = loaded.model, TORCH_DTYPES[config.model.dtype]
     base.requires_grad_(False)
-    storage_dtype = frozen_storage_dtype(config)
+    storage_dtype = frozen_storage_dtype(TechniqueOptions.of(config))
     if storage_dtype is not None:
         # Training stored frozen Linear weights in the compute dtype: merge onto exactly
         # those values (cast back to model.dtype below).

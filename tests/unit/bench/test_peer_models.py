@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from memfit.bench.peer_models import BUILDERS, _galore_groups, galore_settings
+from memfit.bench.peer_models import BUILDERS, Recipe, _galore_groups, galore_settings
 from memfit.bench.random_llama import LlamaShape, llama_config, save_random_model
 from memfit.bench.script_case import case_config, memfit_training, peer_training
 
@@ -34,7 +34,7 @@ def test_adam_peers_take_the_configs_numbers(folder: Path):
 
 
 def test_galore_projects_the_attention_and_mlp_matrices(folder: Path):
-    model = BUILDERS["torch-adamw"](folder, case_config(folder, {}), CPU).model
+    model = BUILDERS["torch-adamw"](folder, Recipe.of(case_config(folder, {})), CPU).model
     other, projected = _galore_groups(model)
     # 2 layers x (q, k, v, o, gate, up, down); the embedding, head and norms are not.
     assert len(projected) == 14 and all(p.dim() == 2 for p in projected)

@@ -147,5 +147,5 @@ def test_every_registered_technique_has_a_measured_case():
              "data": {"path": "corpus.txt", "format": "text", "eval_fraction": 0.0}}
     configs = [config_for(llama, STRATEGIES[name]) for name in sorted(measured)]
     missing = [spec.name for spec in registry.TECHNIQUES
-               if not any(spec.enabled(config) for config in configs)]
+               if not any(spec.enabled(registry.TechniqueOptions.of(config)) for config in configs)]
     assert not missing, f"no measured plan-accuracy case turns on: {missing}"

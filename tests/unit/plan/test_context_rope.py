@@ -19,8 +19,8 @@ YARN = ["model.rope_scaling.type=yarn", "model.rope_scaling.factor=2"]
 
 def test_the_context_is_the_native_window_times_the_factor():
     scaled = load_plan_config(None, [*TINY, *YARN, "data.max_length=2048"])
-    assert context_length(scaled) == ("max_position_embeddings", 2048)
-    check_max_length(scaled)  # 2,048 tokens fit the scaled window
+    assert context_length(scaled.model) == ("max_position_embeddings", 2048)
+    check_max_length(scaled.model, 2048)  # 2,048 tokens fit the scaled window
     model = meta.build(scaled, device="cpu").model
     assert model.config.rope_parameters["rope_type"] == "yarn"
     assert model.model.rotary_emb.attention_scaling > 1  # yarn's temperature, on meta too
@@ -37,7 +37,7 @@ def test_the_context_is_the_native_window_times_the_factor():
 def test_data_max_length_past_the_context_says_how_to_go_beyond(overrides, ending):
     config = load_plan_config(None, [*TINY, *overrides, "data.max_length=3000"])
     with pytest.raises(ConfigError) as raised:
-        check_max_length(config)
+        check_max_length(config.model, config.data.max_length)
     assert str(raised.value).startswith("data.max_length=3000 is beyond the context of ")
     assert str(raised.value).endswith(ending)
 

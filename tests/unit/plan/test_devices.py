@@ -8,9 +8,10 @@ from __future__ import annotations
 from memfit.config.schema import Config
 from memfit.plan import estimate, meta, plan, with_overrides
 from memfit.plan.costs import grad_bytes, trainable_params
-from memfit.plan.per_device import ddp_bucket_bytes
+from memfit.plan.per_device import Layout, ddp_bucket_bytes
 from memfit.plan.planner import load_plan_config
 from memfit.plan.strategies import strategies
+from memfit.techniques.optimizers import OptimizerSetting
 
 ONE = {"distributed.strategy": "none", "distributed.nproc": 1}
 DDP = {"distributed.strategy": "ddp", "distributed.nproc": 2}
@@ -22,7 +23,7 @@ def tiny_llama(*overrides: str) -> Config:
 
 
 def all_grad_bytes(config: Config) -> int:
-    return grad_bytes(trainable_params(meta.build(config).model, config))
+    return grad_bytes(trainable_params(meta.build(config).model, OptimizerSetting.of(config)))
 
 
 def test_ddp_holds_one_process_bytes_and_its_buckets_for_the_whole_step():
@@ -47,20 +48,22 @@ def test_accumulating_under_ddp_accumulates_into_the_buckets():
 def test_galore_weights_projected_in_backward_are_reduced_outside_ddp_buckets():
     config = with_overrides(tiny_llama("optimizer.name=galore", "optimizer.galore.rank=16"),
                             DDP)
-    params = trainable_params(meta.build(config).model, config)
+    params = trainable_params(meta.build(config).model, OptimizerSetting.of(config))
     unprojected = sum(p.nbytes for p in params if not p.projected)
     assert 0 < unprojected < grad_bytes(params)
-    assert ddp_bucket_bytes(params, config) == unprojected
+    assert ddp_bucket_bytes(params, Layout.of(config)) == unprojected
     full_gradients = with_overrides(config, {"optimizer.galore.project_in_backward": False})
-    assert ddp_bucket_bytes(params, full_gradients) == grad_bytes(params)
-    assert ddp_bucket_bytes(params, with_overrides(config, {"optimizer.layerwise": True})) == 0
+    assert ddp_bucket_bytes(params, Layout.of(full_gradients)) == grad_bytes(params)
+    layerwise = with_overrides(config, {"optimizer.layerwise": True})
+    assert ddp_bucket_bytes(params, Layout.of(layerwise)) == 0
 
 
 def test_layerwise_under_ddp_adds_the_gradient_whose_reduction_is_in_flight():
     config = tiny_llama("optimizer.layerwise=true")
     one = estimate(with_overrides(config, ONE), "cpu")
     ddp = estimate(with_overrides(config, DDP), "cpu")
-    sizes = sorted(p.nbytes for p in trainable_params(meta.build(config).model, config))
+    model = meta.build(config).model
+    sizes = sorted(p.nbytes for p in trainable_params(model, OptimizerSetting.of(config)))
     assert ddp.peak_tensor_bytes - one.peak_tensor_bytes == sizes[-2]
 
 

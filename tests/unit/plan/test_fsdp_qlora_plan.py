@@ -12,6 +12,7 @@ from memfit.plan.costs import grad_bytes, trainable_params
 from memfit.plan.itemize import _units
 from memfit.plan.planner import load_plan_config
 from memfit.plan.strategies import next_cheaper
+from memfit.techniques.optimizers import OptimizerSetting
 from memfit.techniques.quantize import quantized_weight_bytes
 
 FSDP = {"distributed.strategy": "fsdp", "distributed.nproc": 2}
@@ -44,7 +45,7 @@ def test_host_offload_under_fsdp_holds_each_process_shards_on_the_host():
     assert offloaded.bytes["optimizer"] == 0
     assert offloaded.bytes["weights"] < on_device.bytes["weights"]
     moved = on_device.bytes["weights"] - offloaded.bytes["weights"]
-    params = trainable_params(meta.build(config).model, config)
+    params = trainable_params(meta.build(config).model, OptimizerSetting.of(config))
     # Process 0's shards (the largest), their grads and state, and the host step's scratch.
     least = moved + on_device.bytes["optimizer"] + -(-grad_bytes(params) // 2)
     assert least <= offloaded.host_bytes <= least + on_device.bytes["optimizer"]

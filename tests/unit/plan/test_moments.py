@@ -15,6 +15,7 @@ from memfit.plan import estimate, with_overrides
 from memfit.plan.moments import peak, step_moments
 from memfit.plan.planner import load_plan_config
 from memfit.techniques.moments import Moment, OptimizerCost, StepBytes
+from memfit.techniques.technique_options import TechniqueOptions
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "planner.md"
 
@@ -143,5 +144,6 @@ def test_a_built_base_is_quantized_on_the_host_before_it_is_placed():
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     assert layers
     every_layer = sum(2 * m.in_features * m.out_features for m in layers)  # bf16
-    assert quantizing_bytes(model, config, "cpu") >= every_layer
-    assert quantizing_bytes(model, config, "cuda") == 0
+    options = TechniqueOptions.of(config)
+    assert quantizing_bytes(model, options, "cpu") >= every_layer
+    assert quantizing_bytes(model, options, "cuda") == 0

@@ -44,7 +44,7 @@ def test_a_split_sequence_holds_about_half_and_counts_its_all_to_alls():
 @pytest.mark.parametrize(("devices", "split"), [(1, 1), (2, 2), (4, 2), (3, 1)])
 def test_the_widest_split_divides_the_devices_and_the_key_value_heads(devices, split):
     # tiny-llama: 4 heads, 2 key/value heads
-    assert widest_split(load_plan_config(None, TINY), devices) == split
+    assert widest_split(load_plan_config(None, TINY).model, devices) == split
 
 
 def test_over_two_devices_the_split_is_planned_only_where_nothing_else_fits():

@@ -11,6 +11,7 @@ import pytest
 import torch
 from torch import nn
 
+from memfit.config.overrides import with_overrides
 from memfit.config.schema import MemoryConfig
 from memfit.plan import estimate
 from memfit.plan.choose import StrategyEstimate
@@ -19,9 +20,10 @@ from memfit.plan.planned_device import planned_device
 from memfit.plan.planner import load_plan_config, plan
 from memfit.plan.search import with_fitted
 from memfit.plan.step_time import device_seconds, rate, step_time
-from memfit.plan.strategies import rungs, strategies, with_overrides
+from memfit.plan.strategies import rungs, strategies
 from memfit.plan.trace import trace_micro_batch
 from memfit.techniques import checkpointing
+from memfit.techniques.optimizers import OptimizerSetting
 from memfit.techniques.optimizers.step_work import ADAMW8BIT
 from memfit.techniques.work import size_class
 
@@ -182,7 +184,7 @@ def estimate_params(config):
     from memfit.plan import meta
     from memfit.plan.costs import trainable_params
 
-    return trainable_params(meta.build(config).model, config)
+    return trainable_params(meta.build(config).model, OptimizerSetting.of(config))
 
 
 def test_ddp_and_fsdp_send_the_bytes_of_their_ring_collectives():

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from memfit.config.overrides import differing
 from memfit.plan import plan, with_overrides
 from memfit.plan.planner import load_plan_config
 from memfit.plan.report import format_plan
-from memfit.plan.strategies import METHODS, differing, strategies
+from memfit.plan.strategies import METHODS, strategies
 from memfit.techniques.optimizers import SPECS
 from memfit.techniques.registry import TECHNIQUES
 

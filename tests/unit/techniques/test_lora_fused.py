@@ -16,6 +16,7 @@ from memfit.plan import meta
 from memfit.techniques import lora
 from memfit.techniques.adapter_map import adapter_map
 from memfit.techniques.config_checks import from_mapping
+from memfit.techniques.technique_options import TechniqueOptions
 from memfit.training.build import load_base, prepare_model
 
 
@@ -254,7 +255,7 @@ def test_the_planner_counts_the_adapter_parameters_training_has():
                            "adapter": {"kind": "lora", "rank": 4,
                                        "targets": ["attention-qv", "conv"]}})
     planned = meta.build(config, device="cpu").model
-    real, _ = prepare_model(load_base(config), config)
+    real, _ = prepare_model(load_base(config), TechniqueOptions.of(config))
     assert lora.placed_parts(real) == lora.placed_parts(planned) == {
         f"blocks.{i}.self_attention": {"q": (0, 32), "v": (64, 96)} for i in range(2)}
     assert (sum(p.numel() for p in planned.parameters() if p.requires_grad)

@@ -80,10 +80,10 @@ CASES = [*({"name": name} for name in SPECS), *GALORE[1:]]
     str(v) for v in [o["name"], *o.get("galore", {}).values()]))
 def test_planned_state_is_the_state_a_step_leaves(model, optimizer: dict) -> None:
     config = _config(optimizer)
-    built = model()
-    planned = costs.optimizer_cost(costs.trainable_params(built, config), config).state_bytes
+    built, setting = model(), OptimizerSetting.of(config)
+    planned = costs.optimizer_cost(costs.trainable_params(built, setting), setting).state_bytes
     try:
-        real = build_optimizer(built, OptimizerSetting.of(config))
+        real = build_optimizer(built, setting)
     except ConfigError as error:  # paged_adamw8bit pages GPU memory
         if "needs CUDA" not in str(error):
             raise
@@ -95,9 +95,9 @@ def test_planned_state_is_the_state_a_step_leaves(model, optimizer: dict) -> Non
 
 def test_bf16_pure_adamw_is_memfits_with_fp32_moments() -> None:
     config = _config({"name": "adamw"}, precision="bf16-pure")
-    built = _llama().to(torch.bfloat16)
-    planned = costs.optimizer_cost(costs.trainable_params(built, config), config).state_bytes
-    real = build_optimizer(built, OptimizerSetting.of(config))
+    built, setting = _llama().to(torch.bfloat16), OptimizerSetting.of(config)
+    planned = costs.optimizer_cost(costs.trainable_params(built, setting), setting).state_bytes
+    real = build_optimizer(built, setting)
     _step(built, real)
     assert planned == _state_bytes(real)
 

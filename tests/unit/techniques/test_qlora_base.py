@@ -12,6 +12,7 @@ from torch import nn
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import AdapterConfig, BaseQuantization, Precision
 from memfit.techniques import quantize
+from memfit.techniques.technique_options import TechniqueOptions
 
 
 def storage_bytes(tensors) -> int:
@@ -127,6 +128,6 @@ def test_hugging_face_folder_loads_quantized_and_keeps_its_head(tmp_path):
     layers = [m for m in loaded.model.modules() if isinstance(m, bnb.nn.Linear4bit)]
     assert len(layers) == 14  # 7 projections x 2 layers; the tied head stays an embedding
     assert layers[0].compute_dtype == torch.bfloat16
-    model, warnings = prepare_model(loaded, config)
+    model, warnings = prepare_model(loaded, TechniqueOptions.of(config))
     assert warnings == []
     assert {p.dtype for n, p in model.named_parameters() if "lora_" in n} == {torch.float32}

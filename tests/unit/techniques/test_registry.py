@@ -75,7 +75,7 @@ def tiny_llama(tmp_path, **sections) -> Config:
 
 def built_and_planned(config: Config):
     seed_everything(0)
-    model, warnings = prepare_model(load_base(config), config)
+    model, warnings = prepare_model(load_base(config), registry.TechniqueOptions.of(config))
     return model, warnings, meta.build(config, device="cpu").model
 
 
@@ -117,16 +117,17 @@ def test_checks_run_for_enabled_techniques_only(tmp_path):
     config = tiny_llama(tmp_path, memory={"gradient_checkpointing": True})
     model = load_base(config).model  # never checkpointed
     with pytest.raises(ConfigError, match="memory.gradient_checkpointing=true"):
-        registry.check_applied(model, config)
+        registry.check_applied(model, registry.TechniqueOptions.of(config))
     plain = tiny_llama(tmp_path)
-    assert registry.check_applied(model, plain) == []
+    assert registry.check_applied(model, registry.TechniqueOptions.of(plain)) == []
 
 
 @pytest.mark.parametrize("offload", [True, False])
 def test_the_optimizer_stage_wraps_the_optimizer_when_offloading(tmp_path, offload):
     config = tiny_llama(tmp_path, memory={"optimizer_offload": offload})
     model = torch.nn.Linear(2, 2)
-    setting = registry.setting(model, config, is_transformers=False, device="cpu")
+    setting = registry.setting(model, registry.TechniqueOptions.of(config), is_transformers=False,
+                               device="cpu")
     optimizer = registry.apply_stage("optimizer", torch.optim.SGD(model.parameters()), setting)
     assert isinstance(optimizer, HostOffloadOptimizer) is offload
 
@@ -134,7 +135,8 @@ def test_the_optimizer_stage_wraps_the_optimizer_when_offloading(tmp_path, offlo
 def test_bf16_pure_is_cast_in_the_device_stage_and_planned_in_bf16(tmp_path):
     config = tiny_llama(tmp_path, precision="bf16-pure", optimizer={"name": "adamw"})
     model = torch.nn.Linear(2, 2)
-    setting = registry.setting(model, config, is_transformers=False, device="cpu")
+    setting = registry.setting(model, registry.TechniqueOptions.of(config), is_transformers=False,
+                               device="cpu")
     assert registry.apply_stage("model", model, setting).weight.dtype == torch.float32
     assert registry.apply_stage("device", model, setting).weight.dtype == torch.bfloat16
     assert {p.dtype for p in meta.build(config).model.parameters()} == {torch.bfloat16}

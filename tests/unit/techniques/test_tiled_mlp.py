@@ -38,14 +38,15 @@ def prepared(model: nn.Module, tiled: bool) -> tuple[nn.Module, TrainingLoss]:
         "adapter": {"kind": "lora", "rank": 4, "targets": ["attention", "mlp"]},
         "memory": {"gradient_checkpointing": True, "chunked_loss": True,
                    "loss_chunk_tokens": 2048, "tiled_mlp": tiled, "mlp_chunk_tokens": 1000}})
-    setting = registry.setting(model, config, is_transformers=True, device="cpu")
+    options = registry.TechniqueOptions.of(config)
+    setting = registry.setting(model, options, is_transformers=True, device="cpu")
     torch.manual_seed(1)  # the same adapters in both runs
     model = registry.apply_stage("model", model, setting)
-    assert registry.check_applied(model, config) == []
+    assert registry.check_applied(model, options) == []
     for name, parameter in model.named_parameters():
         if "lora_B" in name:  # PEFT starts B at zero, where A would get no gradient
             nn.init.normal_(parameter, std=0.1)
-    return model, TrainingLoss.for_config(config)
+    return model, TrainingLoss.of(config.model, config.memory)
 
 
 def test_tiled_llama_trains_as_the_untiled_one():

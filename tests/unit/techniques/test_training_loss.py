@@ -12,19 +12,24 @@ from memfit.techniques.config_checks import from_mapping
 from memfit.techniques.training_loss import TrainingLoss
 
 
+def _loss(mapping: dict) -> TrainingLoss:
+    config = from_mapping(mapping)
+    return TrainingLoss.of(config.model, config.memory)
+
+
 def test_each_task_gets_its_loss(tmp_path):
     data = str(tmp_path)
-    chunked = TrainingLoss.for_config(from_mapping({
+    chunked = _loss({
         "model": {"preset": "tiny-llama"}, "data": {"path": data},
-        "memory": {"chunked_loss": True, "loss_chunk_tokens": 32}}))
+        "memory": {"chunked_loss": True, "loss_chunk_tokens": 32}})
     assert chunked == TrainingLoss(causal_lm=True, loss_chunk_tokens=32)
-    images = TrainingLoss.for_config(from_mapping({
+    images = _loss({
         "model": {"preset": "conv-autoencoder", "task": "autoencoder"},
-        "data": {"path": data, "format": "images"}}))
+        "data": {"path": data, "format": "images"}})
     assert images == TrainingLoss(causal_lm=False, reconstruction_loss="mse")
-    custom = TrainingLoss.for_config(from_mapping({
+    custom = _loss({
         "model": {"factory": "torch.nn:Identity", "task": "custom"},
-        "data": {"path": data, "format": "tensors"}}))
+        "data": {"path": data, "format": "tensors"}})
     assert custom == TrainingLoss(causal_lm=False)
 
 

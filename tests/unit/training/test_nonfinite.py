@@ -23,7 +23,7 @@ def _guard(optimizer: dict | None = None, scaler: bool = False, **train) -> Dive
     config = from_mapping({"model": {"factory": "factories:regressor", "task": "custom"},
                            "data": {"path": "data.npz", "format": "tensors"},
                            "optimizer": optimizer or {"lr": 10.0}, "train": train})
-    return DivergenceGuard(config, None, scaler_checks_gradients=scaler)
+    return DivergenceGuard(config.train, config.optimizer, None, scaler_checks_gradients=scaler)
 
 
 def test_the_loss_is_named_before_the_gradient_norm():

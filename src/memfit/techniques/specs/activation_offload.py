@@ -15,12 +15,12 @@ from memfit.techniques.specs.spec import Setting, TechniqueSpec
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
     """Mark the first memory.offload_blocks blocks; null marks none (the step's context
     then offloads every saved tensor, as without the key)."""
-    memory = setting.config.memory
+    memory = setting.options.memory
     if memory.offload_blocks is None:
         return model
     found = blocks.model_blocks(model, memory, setting.is_transformers)
     chosen = blocks.chosen_count("offload_blocks", memory.offload_blocks, len(found),
-                                 blocks.model_named(setting.config.model))
+                                 blocks.model_named(setting.options.model))
     activation_offload.offload_in_blocks(found[:chosen])
     return model
 
@@ -32,7 +32,7 @@ SPEC = TechniqueSpec(
     keys=("memory.activation_offload", "memory.offload_blocks"),
     # The model stage, before the adapters: PEFT renames the modules memory.checkpoint_modules
     # names; the offload itself is the step's context.
-    stage="model", enabled=lambda config: config.memory.activation_offload,
+    stage="model", enabled=lambda options: options.memory.activation_offload,
     plan="plan.trace counts saved tensors as host bytes, where training.step's "
          "ActivationOffload context keeps them; with memory.offload_blocks only inside the "
          "chosen blocks (plan/offload_in_blocks.py)",

@@ -5,26 +5,26 @@ from __future__ import annotations
 from torch import nn
 
 from memfit.config.choices import CLASSIFYING_TASKS
-from memfit.config.schema import AdapterKind, Config, Task
+from memfit.config.schema import AdapterKind, Task
 from memfit.models.classifier import head_names
 from memfit.techniques import lora
 from memfit.techniques.precision import AUTOCAST_DTYPES
-from memfit.techniques.specs.spec import Setting, TechniqueSpec
+from memfit.techniques.specs.spec import Setting, TechniqueOptions, TechniqueSpec
 
 
-def enabled(config: Config) -> bool:
-    return config.adapter.kind is not AdapterKind.NONE
+def enabled(options: TechniqueOptions) -> bool:
+    return options.adapter.kind is not AdapterKind.NONE
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    task = setting.config.model.task
-    return lora.apply(model, setting.config.adapter,
+    task = setting.options.model.task
+    return lora.apply(model, setting.options.adapter,
                       classifier_head=head_names(model) if task in CLASSIFYING_TASKS else (),
                       sequence_classifier=task is Task.SEQUENCE_CLASSIFICATION,
-                      autocast=setting.config.precision in AUTOCAST_DTYPES)
+                      autocast=setting.options.precision in AUTOCAST_DTYPES)
 
 
-def check_applied(model: nn.Module, config: Config) -> list[str]:
+def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:
     lora.check_applied(model)
     return []
 

@@ -5,19 +5,18 @@ from __future__ import annotations
 from torch import nn
 
 from memfit.config.ignored import Rule
-from memfit.config.schema import Config
 from memfit.techniques import checkpointing
 from memfit.techniques.blocks import model_named
-from memfit.techniques.specs.spec import Setting, TechniqueSpec
+from memfit.techniques.specs.spec import Setting, TechniqueOptions, TechniqueSpec
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    return checkpointing.apply(model, setting.config.memory, setting.is_transformers,
-                               model_named(setting.config.model))
+    return checkpointing.apply(model, setting.options.memory, setting.is_transformers,
+                               model_named(setting.options.model))
 
 
-def check_applied(model: nn.Module, config: Config) -> list[str]:
-    checkpointing.check_applied(model, config.memory)
+def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:
+    checkpointing.check_applied(model, options.memory)
     return []
 
 
@@ -26,7 +25,7 @@ SPEC = TechniqueSpec(
     docs_row="activation checkpointing: blocks recomputed in backward",
     keys=("memory.gradient_checkpointing", "memory.checkpoint_modules",
           "memory.checkpoint_every", "memory.checkpoint_blocks"),
-    stage="model", enabled=lambda config: config.memory.gradient_checkpointing,
+    stage="model", enabled=lambda options: options.memory.gradient_checkpointing,
     plan="traced: recomputed blocks keep only their inputs; with memory.checkpoint_blocks, "
          "stand-ins of checkpointed and of plain blocks, added up per kind",
     # Before the adapters: PEFT renames the modules checkpointing looks for.

@@ -6,12 +6,11 @@ from __future__ import annotations
 from torch import nn
 
 from memfit.config.ignored import Rule
-from memfit.config.schema import Config
 from memfit.techniques import chunked_loss
-from memfit.techniques.specs.spec import TechniqueSpec
+from memfit.techniques.specs.spec import TechniqueOptions, TechniqueSpec
 
 
-def check_applied(model: nn.Module, config: Config) -> list[str]:
+def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:
     chunked_loss.check_supported(model)
     return []
 
@@ -20,7 +19,7 @@ SPEC = TechniqueSpec(
     name="chunked loss",
     docs_row="chunked LM loss (no full fp32 logits)",
     keys=("memory.chunked_loss", "memory.loss_chunk_tokens"),
-    stage="step", enabled=lambda config: config.memory.chunked_loss,
+    stage="step", enabled=lambda options: options.memory.chunked_loss,
     plan="techniques.training_loss, traced as training runs it (plan.workload)",
     check_applied=check_applied, row_reset=("memory.chunked_loss",), level="+ckpt",
     ignored=(Rule(("memory.loss_chunk_tokens",), lambda c: not c.memory.chunked_loss,

@@ -5,16 +5,16 @@ from __future__ import annotations
 from torch import nn
 
 from memfit.config.ignored import Rule
-from memfit.config.schema import AdapterKind, Config
+from memfit.config.schema import AdapterKind
 from memfit.techniques import frozen_embeddings
-from memfit.techniques.specs.spec import Setting, TechniqueSpec
+from memfit.techniques.specs.spec import Setting, TechniqueOptions, TechniqueSpec
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
     return frozen_embeddings.freeze(model)
 
 
-def check_applied(model: nn.Module, config: Config) -> list[str]:
+def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:
     frozen_embeddings.check_applied(model)
     return []
 
@@ -25,8 +25,8 @@ SPEC = TechniqueSpec(
               "gradient, no optimizer state)"),
     keys=("memory.freeze_embeddings",),
     stage="model",
-    enabled=lambda config: (config.memory.freeze_embeddings
-                            and config.adapter.kind is AdapterKind.NONE),
+    enabled=lambda options: (options.memory.freeze_embeddings
+                             and options.adapter.kind is AdapterKind.NONE),
     plan="the meta model's embeddings are frozen as training's: no gradient, no state",
     apply=apply, check_applied=check_applied, plan_apply=apply,
     row_reset=("memory.freeze_embeddings",),  # the full-* rows train every weight

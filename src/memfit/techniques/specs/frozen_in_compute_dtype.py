@@ -7,22 +7,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from memfit.config.schema import AdapterKind, Config, Precision
+from memfit.config.schema import AdapterKind, Precision
 from memfit.techniques import quantize
-from memfit.techniques.specs.spec import Setting, TechniqueSpec
+from memfit.techniques.specs.spec import Setting, TechniqueOptions, TechniqueSpec
 
 
-def frozen_storage_dtype(config: Config) -> torch.dtype | None:
+def frozen_storage_dtype(options: TechniqueOptions) -> torch.dtype | None:
     """The dtype frozen Linear weights are stored in, or None to leave them."""
-    autocast = config.precision in (Precision.BF16, Precision.FP16)
-    adapters = config.adapter.kind is not AdapterKind.NONE
-    if not adapters or not autocast or not config.adapter.frozen_in_compute_dtype:
+    autocast = options.precision in (Precision.BF16, Precision.FP16)
+    adapters = options.adapter.kind is not AdapterKind.NONE
+    if not adapters or not autocast or not options.adapter.frozen_in_compute_dtype:
         return None
-    return quantize.compute_dtype(config.precision)
+    return quantize.compute_dtype(options.precision)
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    quantize.store_frozen_in(model, frozen_storage_dtype(setting.config))
+    quantize.store_frozen_in(model, frozen_storage_dtype(setting.options))
     return model
 
 
@@ -31,6 +31,6 @@ SPEC = TechniqueSpec(
     docs_row=("frozen Linear weights stored in the compute dtype under bf16/fp16 (same "
               "results, half the bytes)"),
     keys=("adapter.frozen_in_compute_dtype",),
-    stage="model", enabled=lambda config: frozen_storage_dtype(config) is not None,
+    stage="model", enabled=lambda options: frozen_storage_dtype(options) is not None,
     plan="the meta model's weights are cast as training's",
     apply=apply, plan_apply=apply)

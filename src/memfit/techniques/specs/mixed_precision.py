@@ -11,6 +11,6 @@ SPEC = TechniqueSpec(
     docs_row="mixed precision: autocast, fp16 with a grad scaler",
     keys=("precision=bf16", "precision=fp16"),
     stage="step",
-    enabled=lambda config: config.precision in (Precision.BF16, Precision.FP16),
+    enabled=lambda options: options.precision in (Precision.BF16, Precision.FP16),
     plan="plan.itemize traces the micro-batch under the autocast training.loop runs "
          "forward in (techniques.precision; fp16 adds build's grad scaler)")

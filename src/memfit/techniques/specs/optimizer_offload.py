@@ -11,7 +11,7 @@ from memfit.techniques.specs.spec import Setting, TechniqueSpec
 
 
 def apply(optimizer: torch.optim.Optimizer, setting: Setting) -> torch.optim.Optimizer:
-    if setting.config.distributed.strategy is DistributedStrategy.FSDP:
+    if setting.options.strategy is DistributedStrategy.FSDP:
         # FSDP2's CPUOffloadPolicy holds the shards on the host already: step them there.
         return step_on_host(optimizer)
     return HostOffloadOptimizer(optimizer)
@@ -21,7 +21,7 @@ SPEC = TechniqueSpec(
     name="optimizer offload",
     docs_row="optimizer-state offload: the state and its update in host memory",
     keys=("memory.optimizer_offload",),
-    stage="optimizer", enabled=lambda config: config.memory.optimizer_offload,
+    stage="optimizer", enabled=lambda options: options.memory.optimizer_offload,
     plan="plan.itemize counts the state, fp32 master weights and grads and the step's "
          "scratch as host bytes, none of them on the device (on a CPU device too: the "
          "copies are host-tagged storage the tracker counts apart); under FSDP2 its "

@@ -13,56 +13,56 @@ from __future__ import annotations
 from torch import nn
 
 from memfit.config.choices import CLASSIFYING_TASKS
-from memfit.config.schema import AdapterKind, Config
+from memfit.config.schema import AdapterKind
 from memfit.models.classifier import HEAD_SUFFIXES, head_names
 from memfit.techniques import lora, quantize, quantize_stand_in
 from memfit.techniques.moments import Moment, StepBytes, moment
-from memfit.techniques.specs.spec import Setting, TechniqueSpec
+from memfit.techniques.specs.spec import Setting, TechniqueOptions, TechniqueSpec
 
 
-def enabled(config: Config) -> bool:
-    return config.adapter.kind is AdapterKind.QLORA
+def enabled(options: TechniqueOptions) -> bool:
+    return options.adapter.kind is AdapterKind.QLORA
 
 
-def load_quantization(config: Config):
+def load_quantization(options: TechniqueOptions):
     """transformers' BitsAndBytesConfig for a Hugging Face folder loaded with a quantized
     base, else None. The new head of a sequence classifier and adapter.trainable_modules
     stay unquantized (they train in full)."""
-    if not (enabled(config) and quantize.quantized_while_loading(config)):
+    if not (enabled(options) and quantize.quantized_while_loading(options.model)):
         return None
-    unquantized = list(config.adapter.trainable_modules)
-    if config.model.task in CLASSIFYING_TASKS:
+    unquantized = list(options.adapter.trainable_modules)
+    if options.model.task in CLASSIFYING_TASKS:
         unquantized += HEAD_SUFFIXES
-    return quantize.bnb_config(config.adapter, config.precision, unquantized)
+    return quantize.bnb_config(options.adapter, options.precision, unquantized)
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
     """Built models are quantized here, all but the output layer and
     adapter.trainable_modules; folders were while loading (``load_quantization``)."""
-    config = setting.config
-    if not quantize.quantized_while_loading(config):
+    options = setting.options
+    if not quantize.quantized_while_loading(options.model):
         keep = lora.output_layer_names(model) | set(
-            lora.resolve_trainable_modules(model, config.adapter.trainable_modules))
-        if config.model.task in CLASSIFYING_TASKS:  # the new head trains in full
+            lora.resolve_trainable_modules(model, options.adapter.trainable_modules))
+        if options.model.task in CLASSIFYING_TASKS:  # the new head trains in full
             keep |= set(head_names(model))
-        quantize.quantize_linears(model, config.adapter, config.precision, keep)
+        quantize.quantize_linears(model, options.adapter, options.precision, keep)
     quantize.keep_training_layout(model)
     return model
 
 
-def check_applied(model: nn.Module, config: Config) -> list[str]:
+def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:
     return quantize.check_applied(model)
 
 
 def plan_apply(model: nn.Module, setting: Setting) -> nn.Module:
-    config = setting.config
+    options = setting.options
     quantize_stand_in.stand_in_for_frozen_linears(
-        model, config, setting.output_layer,
-        quantize_stand_in.quantized_path(config, setting.device))
+        model, options, setting.output_layer,
+        quantize_stand_in.quantized_path(options.adapter, setting.device))
     return model
 
 
-def moments(step: StepBytes, config: Config) -> list[Moment]:
+def moments(step: StepBytes, options: TechniqueOptions) -> list[Moment]:
     """Quantizing the base: before any step, the largest layer in full precision (or, for a
     built model on a CPU device, every layer; on a GPU it is quantized in host memory
     before it is placed) beside the quantized ones. Planned beside the weights and

@@ -5,10 +5,12 @@ checks that it applied; the planner builds the meta model with it (plan/meta.py)
 it where ``plan`` says; the registry's tests check that every technique key of the config
 has a spec. One file per technique in this package holds its spec.
 
-Every callable of a spec is a function of the config, ``(config)``, of a model and the
-config, ``(model, config)``, or of what it changes and the setting it changes it in,
-``(subject, setting)``, as an optimizer spec's are of ``(config)``, ``(model, config)``
-and ``(params, config)``.
+Every callable of a spec is a function of the technique options, ``(options)``, of a
+model and those options, ``(model, options)``, or of what it changes and the setting it
+changes it in, ``(subject, setting)``. ``TechniqueOptions`` holds the sections a memory
+technique may read (the model, the adapter, the precision, memory.* and the distribution
+strategy): never the optimizer, data, train or log sections, as an optimizer spec gets
+only its ``OptimizerSetting``.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from typing import Any, Literal
 from torch import nn
 
 from memfit.config.ignored import Rule
-from memfit.config.schema import Config
 from memfit.techniques.moments import Moment, StepBytes
+from memfit.techniques.technique_options import TechniqueOptions
 
 Stage = Literal["load", "model", "device", "optimizer", "step"]
 # The planner's levels beyond plain (plan/strategies.py), in order: a level's rows switch on
@@ -35,18 +37,19 @@ STAGES: tuple[Stage, ...] = ("load", "model", "device", "optimizer", "step")
 
 @dataclass(frozen=True)
 class Setting:
-    """What applying a technique needs beside the config."""
+    """What applying a technique needs beside its options."""
 
-    config: Config
+    options: TechniqueOptions
     is_transformers: bool
     device: str  # "cuda" or "cpu": the device trained on, or planned for
     # The loaded model's output layer, found before checkpointing and adapters wrap it.
     output_layer: nn.Module | None
 
 
-def setting(model: nn.Module, config: Config, is_transformers: bool, device: str) -> Setting:
+def setting(model: nn.Module, options: TechniqueOptions, is_transformers: bool, device: str
+            ) -> Setting:
     get_head = getattr(model, "get_output_embeddings", None)
-    return Setting(config, is_transformers, device, get_head() if callable(get_head) else None)
+    return Setting(options, is_transformers, device, get_head() if callable(get_head) else None)
 
 
 # (subject, setting) -> subject: the nn.Module in the load, model and device stages, the
@@ -54,7 +57,7 @@ def setting(model: nn.Module, config: Config, is_transformers: bool, device: str
 Apply = Callable[[Any, Setting], Any]
 
 
-def nothing_to_check(model: nn.Module, config: Config) -> list[str]:
+def nothing_to_check(model: nn.Module, options: TechniqueOptions) -> list[str]:
     return []
 
 
@@ -63,14 +66,14 @@ class TechniqueSpec:
     name: str
     keys: tuple[str, ...]  # config keys ("memory.chunked_loss") or values ("precision=fp16")
     stage: Stage
-    enabled: Callable[[Config], bool]
+    enabled: Callable[[TechniqueOptions], bool]
     plan: str  # the planner's view, where plan_apply does not say it all
     # Its row in README.md's "Saving memory" table (techniques/docs_table.py), beside its
     # keys.
     docs_row: str
     apply: Apply | None = None  # None: the stage's code runs it (training.loop, objective)
     # "Did it apply?" on the trained model: its warnings; raises ConfigError when it did not.
-    check_applied: Callable[[nn.Module, Config], list[str]] = nothing_to_check
+    check_applied: Callable[[nn.Module, TechniqueOptions], list[str]] = nothing_to_check
     # The planner's view on the meta model, where the planner applies it too.
     plan_apply: Callable[[nn.Module, Setting], nn.Module] | None = None
     # Its keys that other settings make ignored (config/ignored.py's rules, warned about
@@ -81,7 +84,7 @@ class TechniqueSpec:
     plan_case: Mapping[str, Any] | None = None
     # Its moments of the run where the steps do not cover it (quantizing the base while
     # loading), planned like the optimizer's and the strategy's (plan/moments.py).
-    moments: Callable[[StepBytes, Config], list[Moment]] | None = None
+    moments: Callable[[StepBytes, TechniqueOptions], list[Moment]] | None = None
     # The planner's strategy rows (plan/strategies.py). ``row_reset``: keys every row puts
     # back to their defaults unless its method or level sets them: a technique that
     # changes what is trained (which weights, how the base is stored) or how much a level

@@ -5,16 +5,15 @@ from __future__ import annotations
 from torch import nn
 
 from memfit.config.ignored import Rule
-from memfit.config.schema import Config
-from memfit.techniques.specs.spec import Setting, TechniqueSpec
+from memfit.techniques.specs.spec import Setting, TechniqueOptions, TechniqueSpec
 from memfit.techniques.tiled_mlp import MLPS
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    return MLPS.apply(model, setting.config.memory.mlp_chunk_tokens)
+    return MLPS.apply(model, setting.options.memory.mlp_chunk_tokens)
 
 
-def check_applied(model: nn.Module, config: Config) -> list[str]:
+def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:
     MLPS.check_applied(model)
     return []
 
@@ -24,7 +23,7 @@ SPEC = TechniqueSpec(
     docs_row=("sequence-tiled MLP (one chunk's `tokens x intermediate` activations at a time, "
               "recomputed in backward)"),
     keys=("memory.tiled_mlp", "memory.mlp_chunk_tokens"),
-    stage="model", enabled=lambda config: config.memory.tiled_mlp,
+    stage="model", enabled=lambda options: options.memory.tiled_mlp,
     plan="traced: the MLPs run chunk by chunk on the fake tensors, as in training",
     # Before the adapters; the trainable parameters are looked up at each call.
     apply=apply, check_applied=check_applied, plan_apply=apply,

@@ -5,16 +5,15 @@ from __future__ import annotations
 from torch import nn
 
 from memfit.config.ignored import Rule
-from memfit.config.schema import Config
-from memfit.techniques.specs.spec import Setting, TechniqueSpec
+from memfit.techniques.specs.spec import Setting, TechniqueOptions, TechniqueSpec
 from memfit.techniques.tiled_norms import NORMS
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    return NORMS.apply(model, setting.config.memory.norm_chunk_tokens)
+    return NORMS.apply(model, setting.options.memory.norm_chunk_tokens)
 
 
-def check_applied(model: nn.Module, config: Config) -> list[str]:
+def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:
     NORMS.check_applied(model)
     return []
 
@@ -24,7 +23,7 @@ SPEC = TechniqueSpec(
     docs_row=("sequence-tiled RMSNorm / LayerNorm (the norm keeps its input, not an fp32 "
               "copy; one chunk's fp32 work at a time, recomputed in backward)"),
     keys=("memory.tiled_norms", "memory.norm_chunk_tokens"),
-    stage="model", enabled=lambda config: config.memory.tiled_norms,
+    stage="model", enabled=lambda options: options.memory.tiled_norms,
     plan="traced: the norms run chunk by chunk on the fake tensors, as in training",
     apply=apply, check_applied=check_applied, plan_apply=apply,
     row_reset=("memory.tiled_norms",), level="+ckpt",
