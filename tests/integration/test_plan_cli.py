@@ -49,7 +49,9 @@ def test_plan_without_a_budget_prints_every_strategy_quietly(tmp_path):
     from memfit.plan.planner import load_plan_config
     from memfit.plan.strategies import strategies
 
-    arguments = ["model.preset=tiny-llama", "data.max_length=16"]
+    # test_plan_json_is_one_object's model and length: the library plan below finds their
+    # traces in this process's cache.
+    arguments = ["model.preset=tiny-llama", "data.max_length=64"]
     # A fresh interpreter: in this one, a library's say-once note may be spent already.
     result = run_cli("plan", *arguments, "--device", "cpu", cwd=tmp_path)
     assert result.returncode == 0, result.stderr

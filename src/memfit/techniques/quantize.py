@@ -16,6 +16,7 @@ exact, and trainable ones need real weights).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import torch
@@ -66,9 +67,10 @@ def bnb_config(config: AdapterConfig, precision: Precision, skip_modules: list[s
 
 
 def is_quantized_layer(module: nn.Module) -> bool:
-    import bitsandbytes as bnb
-
-    return isinstance(module, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt))
+    # Where bitsandbytes was never imported, no layer is one of its: asked of every module
+    # (FSDP2's make_shardable, merge's dequantize), importing it (~1.5 s) would be wasted.
+    bnb = sys.modules.get("bitsandbytes")
+    return bnb is not None and isinstance(module, (bnb.nn.Linear4bit, bnb.nn.Linear8bitLt))
 
 
 def quantize_linears(model: nn.Module, config: AdapterConfig, precision: Precision,
