@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -100,7 +101,8 @@ def _quantized_bytes(model: torch.nn.Module) -> int:
 
 
 def write_state(config_path: str, steps: int, out: Path) -> None:
-    config = distributed.setup(from_mapping(read_yaml(config_path)))
+    config = from_mapping(read_yaml(config_path))
+    config = replace(config, distributed=distributed.setup(config.distributed))
     rank = distributed.rank()
     try:
         # Returned, not kept: the run (and its DDP) is gone before the group is destroyed.
@@ -115,7 +117,8 @@ def activation_bytes(config_path: str) -> int:
     """The activation bytes (tensors saved for backward, the tensor tracker's) one forward
     of this rank's first micro-batch leaves alive: with sequence parallelism, of its slice
     of the sequences its group shares."""
-    config = distributed.setup(from_mapping(read_yaml(config_path)))
+    config = from_mapping(read_yaml(config_path))
+    config = replace(config, distributed=distributed.setup(config.distributed))
     try:
         run = build_run(config)
         data_rank, data_world = sequence_parallel.data_parallel(

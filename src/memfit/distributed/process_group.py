@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import Config, DistributedStrategy
+from memfit.config.schema import DistributedConfig, DistributedStrategy
 
 # Collectives that wait longer than this raise instead of hanging: long enough for a
 # sharded checkpoint of a large model to be written while the other ranks wait.
@@ -48,26 +48,26 @@ def _refuse_accelerate_without_workers() -> None:
                           "(also on CPUs) or set distributed_type: MULTI_GPU in its config")
 
 
-def setup(config: Config) -> Config:
+def setup(section: DistributedConfig) -> DistributedConfig:
     """Join (or create) the process group a ``distributed.strategy=ddp|fsdp`` run needs.
-    Returns ``config`` with ``distributed.nproc`` set to the processes a launcher started
-    (torchrun, accelerate) when it was left at 1, so that the run's config.yaml records the
-    global batch it trains with (what a resume compares)."""
+    Returns the ``distributed`` section with ``nproc`` set to the processes a launcher
+    started (torchrun, accelerate) when it was left at 1, so that the run's config.yaml
+    records the global batch it trains with (what a resume compares)."""
     _refuse_accelerate_without_workers()
     world = launched_world_size()
-    if config.distributed.strategy is DistributedStrategy.NONE:
+    if section.strategy is DistributedStrategy.NONE:
         if world is not None and world > 1:
             raise ConfigError(f"launched as {world} processes (WORLD_SIZE={world}) but "
                               "distributed.strategy=none; set distributed.strategy=ddp (each "
                               "process holds the whole model) or fsdp (sharded)")
-        return config
-    if world is None and config.distributed.nproc > 1:
-        raise ConfigError(f"distributed.nproc={config.distributed.nproc}: start the processes "
+        return section
+    if world is None and section.nproc > 1:
+        raise ConfigError(f"distributed.nproc={section.nproc}: start the processes "
                           "with `memfit train --nproc N` or torchrun; this call runs in one")
-    if world is not None and config.distributed.nproc == 1:
-        config = replace(config, distributed=replace(config.distributed, nproc=world))
+    if world is not None and section.nproc == 1:
+        section = replace(section, nproc=world)
     if dist.is_initialized():
-        return config
+        return section
     # CPU tensors (item counts, losses) travel over gloo, CUDA ones over NCCL.
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     if world is None:
@@ -77,7 +77,7 @@ def setup(config: Config) -> Config:
         dist.init_process_group(backend, timeout=COLLECTIVE_TIMEOUT)  # env:// from torchrun
     if torch.cuda.is_available():
         torch.cuda.set_device(local_rank())
-    return config
+    return section
 
 
 def teardown() -> None:

@@ -147,7 +147,7 @@ def estimate(config: Config, device: str = "cuda",
         beside_hook=per_device.beside_hook_bytes(params, layout, sizing.units),
         host_is_device=device == "cpu",
         quantizing=sizing.quantizing)
-    peak = moments.peak(moments.step_moments(step, config))
+    peak = moments.peak(moments.step_moments(step, layout.setting, TechniqueOptions.of(config)))
     weights = per_device.sharded_weights(layout, sizing.weight_bytes)
     if host_shards:  # what FSDP2 does not shard stays: buffers
         weights = sizing.weight_bytes - sizing.sharded_bytes
@@ -267,16 +267,14 @@ def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> 
             # 2 and 3 layers, not 1 and 2: a 1-layer model's peak can fall in forward (its
             # logits) while deeper ones peak in backward with grads of the layers above,
             # and an increment between two different moments extrapolates to nonsense.
+            stand_ins = {kind: dataclasses.replace(
+                config, memory=blocks.all_of_kind(config.memory, kind)) for kind in kinds}
             families = [
-                _Family(count, *(_measure(_of_kind(config, kind), layers, example_batch, device)
+                _Family(count, *(_measure(stand_ins[kind], layers, example_batch, device)
                                  for layers in (2, 3)))
                 for kind, count in kinds.items()]
             _SIZING_CACHE[key] = _extrapolate(families)
     return _SIZING_CACHE[key]
-
-
-def _of_kind(config: Config, kind: blocks.BlockKind) -> Config:
-    return dataclasses.replace(config, memory=blocks.all_of_kind(config.memory, kind))
 
 
 def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | None,

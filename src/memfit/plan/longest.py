@@ -51,6 +51,7 @@ from memfit.plan.planner import (
 from memfit.plan.sequence_rows import split_rows, widest_split
 from memfit.plan.strategies import METHODS, levels, strategies
 from memfit.techniques.distribution import strategy_refusal
+from memfit.techniques.optimizers.setting import OptimizerSetting
 
 GIVEN = "config (as given)"
 SHORT_LENGTH = 1024
@@ -162,7 +163,7 @@ class _Search:
         if key not in self._estimates:
             candidate = with_overrides(self.config, self._with_length(name, length))
             try:
-                refused = strategy_refusal(candidate) is not None
+                refused = strategy_refusal(OptimizerSetting.of(candidate)) is not None
                 self._estimates[key] = None if refused else estimate(candidate, self.device)
             except (MemfitError, RuntimeError):  # as plan() skips it (e.g. nothing to trace)
                 self._estimates[key] = None

@@ -14,7 +14,6 @@ from their contributors, and the one that sets the peak:
 
 from __future__ import annotations
 
-from memfit.config.schema import Config
 from memfit.techniques import registry
 from memfit.techniques.distribution import strategy_for
 from memfit.techniques.moments import Moment, StepBytes, moment, of_split
@@ -59,13 +58,13 @@ def technique_moments(step: StepBytes, options: registry.TechniqueOptions) -> li
             for found in spec.moments(step, options)]
 
 
-def step_moments(step: StepBytes, config: Config) -> list[Moment]:
+def step_moments(step: StepBytes, setting: OptimizerSetting,
+                 options: registry.TechniqueOptions) -> list[Moment]:
     """Every contributor's moments of the whole run, the trace's first."""
-    optimizer = spec_for(config.optimizer).moments(step, OptimizerSetting.of(config))
-    return [*trace_moments(step, config.optimizer.layerwise,
-                           config.train.gradient_accumulation_steps),
-            *optimizer, *strategy_for(config.distributed.strategy).moments(step),
-            *run_moments(step), *technique_moments(step, registry.TechniqueOptions.of(config))]
+    optimizer = spec_for(setting.optimizer).moments(step, setting)
+    return [*trace_moments(step, setting.optimizer.layerwise, setting.accumulation_steps),
+            *optimizer, *strategy_for(setting.strategy).moments(step),
+            *run_moments(step), *technique_moments(step, options)]
 
 
 def peak(moments: list[Moment]) -> Moment:

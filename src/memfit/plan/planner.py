@@ -42,6 +42,7 @@ from memfit.plan.step_time import StepTime, step_time
 from memfit.plan.strategies import strategies
 from memfit.techniques import chunked_loss
 from memfit.techniques.distribution import strategy_refusal
+from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.tiled_mlp import MLPS
 from memfit.techniques.tiled_norms import NORMS
 
@@ -191,7 +192,7 @@ def _refusal(config: Config, overrides: Overrides) -> str | None:
     if config.memory.auto_keep_adapters and overrides["adapter.kind"] == AdapterKind.NONE.value:
         return "memory.auto_keep_adapters=true keeps adapters"
     candidate = with_overrides(config, overrides)
-    why_not = strategy_refusal(candidate)
+    why_not = strategy_refusal(OptimizerSetting.of(candidate))
     if why_not is not None:
         return f"{candidate.distributed.strategy.value} cannot train it: {why_not}"
     return None

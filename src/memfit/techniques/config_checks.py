@@ -17,6 +17,7 @@ from memfit.config.validate import validate
 from memfit.techniques.distribution import strategy_refusal
 from memfit.techniques.ignored_rules import optimizer_rules, technique_rules
 from memfit.techniques.optimizers.registry import SPECS, spec_for
+from memfit.techniques.optimizers.setting import OptimizerSetting
 
 
 def from_mapping(raw: dict[str, Any] | None) -> Config:
@@ -48,7 +49,7 @@ def check_with_specs(config: Config) -> None:
     strategy = config.distributed.strategy
     if strategy is DistributedStrategy.NONE:
         return
-    why = strategy_refusal(config)
+    why = strategy_refusal(OptimizerSetting.of(config))
     if why is not None:
         raise ConfigError(f"distributed.strategy={strategy} cannot be combined with {why} (or "
                           "use distributed.strategy=ddp, which trains it when the model fits "

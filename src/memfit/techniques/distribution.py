@@ -19,7 +19,7 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
-from memfit.config.schema import Config, DistributedStrategy, Precision
+from memfit.config.schema import DistributedStrategy, Precision
 from memfit.distributed import fsdp
 from memfit.distributed.ddp import Replicas
 from memfit.techniques import quantized_shards, registry
@@ -118,6 +118,7 @@ def strategy_for(strategy: DistributedStrategy) -> StrategySpec:
     return STRATEGIES[strategy]
 
 
-def strategy_refusal(config: Config) -> str | None:
-    """Why distributed.strategy cannot train ``config`` (None: it can)."""
-    return strategy_for(config.distributed.strategy).refusal(OptimizerSetting.of(config))
+def strategy_refusal(setting: OptimizerSetting) -> str | None:
+    """Why distributed.strategy (``setting.strategy``) cannot train with this optimizer
+    setting (None: it can)."""
+    return strategy_for(setting.strategy).refusal(setting)

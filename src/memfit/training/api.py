@@ -87,7 +87,8 @@ def train(config: Config | dict | str | Path, resume: str | Path | None = None) 
     ``resume``: a run folder; training continues from its newest checkpoint.
     With distributed.strategy=ddp or fsdp this joins (or creates) the process group first.
     """
-    config = distributed.setup(_as_config(config))
+    config = _as_config(config)
+    config = replace(config, distributed=distributed.setup(config.distributed))
     try:
         return _train(config, resume)
     finally:

@@ -15,10 +15,15 @@ from memfit.plan import estimate, with_overrides
 from memfit.plan.moments import peak, step_moments
 from memfit.plan.planner import load_plan_config
 from memfit.techniques.moments import Moment, OptimizerCost, StepBytes
+from memfit.techniques.optimizers import OptimizerSetting
 from memfit.techniques.technique_options import TechniqueOptions
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "planner.md"
 
+
+
+def moments_of(step: StepBytes, config: Config) -> list[Moment]:
+    return step_moments(step, OptimizerSetting.of(config), TechniqueOptions.of(config))
 
 def split(grads: int, activations: int, temporaries: int) -> dict[str, int]:
     return {"weights": 7, "grads": grads, "optimizer": 0, "activations": activations,
@@ -55,14 +60,14 @@ def documented() -> set[str]:
 
 def test_docs_list_exactly_the_moments_the_contributors_name():
     named = {moment.name for config in variants() for grads in (0, 40)
-             for moment in step_moments(step_bytes(config, grads), config)}
+             for moment in moments_of(step_bytes(config, grads), config)}
     assert named == documented()
 
 
 def test_each_contributor_adds_its_moments_with_their_bytes():
     def names(*overrides: str) -> list[str]:
         config = load_plan_config(None, ["model.preset=tiny-llama", *overrides])
-        return [moment.name for moment in step_moments(step_bytes(config), config)
+        return [moment.name for moment in moments_of(step_bytes(config), config)
                 if moment.name not in ("evaluation", "saving")]  # every run's: below
 
     assert names() == ["first micro-batch's forward", "optimizer step"]
@@ -78,7 +83,7 @@ def test_each_contributor_adds_its_moments_with_their_bytes():
         "FSDP2 forward", "FSDP2 backward, grads divided"]
     config = load_plan_config(None, ["model.preset=tiny-llama", "optimizer.layerwise=true",
                                      "train.gradient_accumulation_steps=2"])
-    in_backward, forward = step_moments(step_bytes(config), config)[:2]
+    in_backward, forward = moments_of(step_bytes(config), config)[:2]
     # The largest grad and those whole beside it; backward's activations; its temporaries,
     # one parameter's step scratch and the accumulation buffers.
     assert in_backward.bytes == {"grads": 30 + 11, "activations": 600,
@@ -86,7 +91,7 @@ def test_each_contributor_adds_its_moments_with_their_bytes():
     assert forward.bytes == {"grads": 0, "activations": 1000, "temporaries": 200 + 9}
     config = load_plan_config(None, ["model.preset=tiny-llama", "distributed.strategy=ddp",
                                      "distributed.nproc=2", "train.gradient_accumulation_steps=2"])
-    by_name = {m.name: m for m in step_moments(step_bytes(config), config)}
+    by_name = {m.name: m for m in moments_of(step_bytes(config), config)}
     # The later micro-batch (100 grads + the forward's 1200 + 30 being added) is below the
     # first micro-batch with every bucket (90 + 1300), so it bounds the first one too.
     assert by_name["later micro-batch"].total == 100 + 1200 + 30
@@ -123,11 +128,11 @@ def test_the_estimate_names_the_moment_whose_bytes_it_splits(overrides: dict, na
 def test_the_run_around_the_steps_and_loading_a_quantized_base_are_moments():
     config = load_plan_config(None, ["model.preset=tiny-llama"])
     step = step_bytes(config)
-    by_name = {m.name: m for m in step_moments(step, config)}
+    by_name = {m.name: m for m in moments_of(step, config)}
     assert by_name["saving"].bytes["temporaries"] == step.grads  # what trains, copied once
     assert by_name["evaluation"].bytes["grads"] == 0
     qlora = with_overrides(config, {"adapter.kind": "qlora"})
-    assert "quantizing the base" in {m.name for m in step_moments(step_bytes(qlora), qlora)}
+    assert "quantizing the base" in {m.name for m in moments_of(step_bytes(qlora), qlora)}
     assert "quantizing the base" not in by_name
 
 
