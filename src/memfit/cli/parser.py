@@ -18,6 +18,23 @@ from memfit.cli.commands import (
 DESCRIPTION = "Fine-tune PyTorch models inside the GPU memory you actually have."
 
 
+class _CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser whose epilog may be a function, called when its help is shown:
+    `memfit train`'s list of keys needs the optimizer specs (and so torch), which no other
+    use of the parser should import (`memfit env` reports a broken torch)."""
+
+    def format_help(self) -> str:
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
+def _config_keys() -> str:
+    from memfit.techniques.config_reference import help_text
+
+    return help_text()
+
+
 def _add_debug(command: argparse.ArgumentParser) -> None:
     # SUPPRESS: a subcommand's default must not overwrite `memfit --debug COMMAND`.
     command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
@@ -37,17 +54,17 @@ def build_parser() -> argparse.ArgumentParser:
     from memfit.bench import defaults as bench_defaults
     from memfit.config.choices import TOKEN_FORMATS
     from memfit.config.devices import DATASHEETS
-    from memfit.config.reference import help_text
 
     parser = argparse.ArgumentParser(prog="memfit", description=DESCRIPTION)
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND",
+                                     parser_class=_CommandParser)
 
     train = commands.add_parser(
         "train", help="fine-tune a model (no arguments: the built-in offline demo)",
         description="Fine-tune a model. Without CONFIG.yaml the built-in demo is the base "
                     "config; key=value overrides apply on top.",
-        epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_config_keys, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     train.add_argument("arguments", nargs="*", metavar="[CONFIG.yaml] [key=value ...]")
     train.add_argument("--print-config", action="store_true",

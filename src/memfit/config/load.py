@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from memfit._utils.errors import ConfigError
+from memfit.config.fields import is_own_keys
 from memfit.config.limits import MAX_CONFIG_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES
 from memfit.config.schema import Config
 
@@ -245,7 +246,14 @@ def read_raw(path: str | Path | None, overrides: list[str], base: dict[str, Any]
 def to_mapping(config: Any) -> Any:
     """A Config (or any part of it) as plain YAML-ready values."""
     if dataclasses.is_dataclass(config):
-        return {f.name: to_mapping(getattr(config, f.name)) for f in dataclasses.fields(config)}
+        mapping = {}
+        for entry in dataclasses.fields(config):
+            value = to_mapping(getattr(config, entry.name))
+            if is_own_keys(entry):  # written as keys of the section itself
+                mapping.update(value)
+            else:
+                mapping[entry.name] = value
+        return mapping
     if isinstance(config, Enum):
         return config.value
     if isinstance(config, tuple):
@@ -263,18 +271,24 @@ def build_unvalidated(cls: type, raw: Any, prefix: str = "") -> Any:
     where = prefix.rstrip(".") or "the config"
     if not isinstance(raw, dict):
         raise ConfigError(f"{where} must be a mapping of keys, got {raw!r}")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
+    fields = {f.name: f for f in dataclasses.fields(cls) if not is_own_keys(f)}
+    # A section with an own_keys field keeps the keys it does not know there, as given: the
+    # parts that declare them check them (memfit.techniques.config_checks).
+    own = next((f.name for f in dataclasses.fields(cls) if is_own_keys(f)), None)
     hints = typing.get_type_hints(cls)
     for key in raw:
-        if key not in fields:
-            raise ConfigError(_unknown_key_message(f"{prefix}{key}", key, list(fields)))
-    values = {}
+        if key not in fields and own is None:
+            raise ConfigError(unknown_key_message(f"{prefix}{key}", key, list(fields)))
+    values: dict[str, Any] = {own: {}} if own is not None else {}
     for name, value in raw.items():
-        values[name] = convert_value(hints[name], value, f"{prefix}{name}")
+        if name in fields:
+            values[name] = convert_value(hints[name], value, f"{prefix}{name}")
+        else:
+            values[own][name] = value
     return cls(**values)
 
 
-def _unknown_key_message(full_key: str, key: str, choices: list[str]) -> str:
+def unknown_key_message(full_key: str, key: str, choices: list[str]) -> str:
     close = difflib.get_close_matches(key, choices, n=1)
     hint = f"; did you mean {full_key[: -len(key)]}{close[0]}?" if close else ""
     return f"unknown key {full_key}{hint} (valid keys here: {', '.join(choices)})"

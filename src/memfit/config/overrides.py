@@ -10,6 +10,7 @@ import enum
 import typing
 from typing import Any
 
+from memfit.config.fields import is_own_keys
 from memfit.config.limits import lookup
 from memfit.config.load import convert_value
 from memfit.config.schema import Config
@@ -42,10 +43,13 @@ def with_overrides(config: Config, overrides: Overrides) -> Config:
 
 
 def _replace(node: Any, changes: dict[str, Any]) -> Any:
-    updates = {}
+    updates: dict[str, Any] = {}
     hints = typing.get_type_hints(type(node))
+    own = next((f.name for f in dataclasses.fields(node) if is_own_keys(f)), None)
     for key, value in changes.items():
-        if isinstance(value, dict) and dataclasses.is_dataclass(hints[key]):
+        if own is not None and (key not in hints or key == own):  # a part's own key
+            updates[own] = {**updates.get(own, getattr(node, own)), key: value}
+        elif isinstance(value, dict) and dataclasses.is_dataclass(hints[key]):
             updates[key] = _replace(getattr(node, key), value)
         else:  # as the YAML loader converts it (e.g. "adamw" is a name, not a class path)
             updates[key] = convert_value(hints[key], value, key)

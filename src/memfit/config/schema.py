@@ -28,7 +28,7 @@ from memfit.config.choices import (
     SubspaceChange,
     Task,
 )
-from memfit.config.fields import doc
+from memfit.config.fields import doc, own_keys
 from memfit.config.images import ImagesConfig
 from memfit.config.limits import (
     MAX_BATCH,
@@ -285,6 +285,9 @@ class OptimizerConfig:
     )
     galore: GaloreConfig = doc("GaLore family settings (optimizer.name=galore).",
                                default_factory=GaloreConfig)
+    own: dict[str, Any] = own_keys(
+        "Keys one optimizer declares for itself in its spec (optimizer.momentum of sgd), "
+        "written beside the keys above; each is listed below with its optimizer.")
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from memfit.config.schema import Config, DistributedStrategy, Precision
 from memfit.config.validate import validate
 from memfit.techniques.distribution import strategy_refusal
 from memfit.techniques.ignored_rules import optimizer_rules, technique_rules
+from memfit.techniques.optimizers.own_options import check_own_keys
 from memfit.techniques.optimizers.registry import SPECS, spec_for
 from memfit.techniques.optimizers.setting import OptimizerSetting
 
@@ -24,7 +25,8 @@ def from_mapping(raw: dict[str, Any] | None) -> Config:
     """Build and validate a Config from a raw mapping (YAML or Python); warns about the
     keys it sets that the rest of the config ignores."""
     config = build_unvalidated(Config, raw or {}, prefix="")
-    spec_for(config.optimizer)  # an unknown optimizer.name is the first thing to say
+    # An unknown optimizer.name is the first thing to say, then its keys.
+    check_own_keys(config.optimizer, spec_for(config.optimizer), SPECS.values())
     validate(config)
     check_with_specs(config)
     warn_ignored_keys(config, raw or {}, [*optimizer_rules(config.optimizer), *technique_rules()])

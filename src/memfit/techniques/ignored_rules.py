@@ -1,28 +1,37 @@
 """The ignored-key rules the specs own: an optimizer.* key the named optimizer does not read
-(its spec's ``options``, beyond the keys every optimizer reads) is ignored, and so is what
-an optimizer's or a technique's own rules name."""
+(its spec's ``options`` and ``own`` keys, beyond the keys every optimizer reads; another
+optimizer's own key) is ignored, and so is what an optimizer's or a technique's own rules
+name."""
 
 from __future__ import annotations
 
 import dataclasses
 
+from memfit.config.fields import is_own_keys
 from memfit.config.ignored import Rule
 from memfit.config.schema import OptimizerConfig
 from memfit.techniques.optimizers.options import SHARED_KEYS
-from memfit.techniques.optimizers.registry import spec_for
+from memfit.techniques.optimizers.own_options import own_key_names
+from memfit.techniques.optimizers.registry import SPECS, spec_for
 from memfit.techniques.registry import TECHNIQUES
 
 
 def optimizer_rules(optimizer: OptimizerConfig) -> list[Rule]:
-    """The rules for ``optimizer``: its unread keys, then its spec's own rules."""
+    """The rules for ``optimizer``: its unread keys (the schema's and the other optimizers'
+    own), then its spec's own rules."""
     spec = spec_for(optimizer)
-    reads = "optimizer." + ", ".join(key for key in (*SHARED_KEYS, *spec.options)
+    own = own_key_names(spec)
+    reads = "optimizer." + ", ".join(key for key in (*SHARED_KEYS, *spec.options, *own)
                                      if key != "name")
-    rules = [Rule((_pattern(field),), lambda c: True,
+    unread = [_pattern(field) for field in dataclasses.fields(OptimizerConfig)
+              if field.name not in SHARED_KEYS and field.name not in spec.options
+              and not is_own_keys(field)]
+    unread += sorted({f"optimizer.{key}" for other in SPECS.values()
+                      for key in own_key_names(other) if key not in own})
+    rules = [Rule((pattern,), lambda c: True,
                   lambda c: f"optimizer.name={c.optimizer.name} does not read it (it reads "
                             f"{reads})")
-             for field in dataclasses.fields(OptimizerConfig)
-             if field.name not in SHARED_KEYS and field.name not in spec.options]
+             for pattern in unread]
     return [*rules, *spec.ignored]
 
 

@@ -1,14 +1,17 @@
 from pathlib import Path
 
-from memfit.config.reference import help_text, key_docs, markdown
+from memfit.config.reference import key_docs
+from memfit.techniques.config_reference import help_text, markdown
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "config.md"
 
 
-def test_docs_config_md_is_generated_from_the_schema():
+def test_docs_config_md_is_generated_from_the_schema_and_the_optimizers_own_keys():
     assert DOCS.read_text() == markdown(), (
-        "docs/config.md is stale: run `python -m memfit.config.reference > docs/config.md`"
+        "docs/config.md is stale: run "
+        "`python -m memfit.techniques.config_reference > docs/config.md`"
     )
+    assert "| `optimizer.momentum` | float | `0.0` | optimizer.name=sgd: " in markdown()
 
 
 def test_every_key_has_help_and_appears_in_cli_help():

@@ -109,6 +109,10 @@ class OptimizerSpec:
     # its own default for when the config leaves the key null (options.resolved_option).
     # Any other optimizer.* key the user sets gets an ignored-key warning.
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Its own keys, which no shared optimizer.* key covers: a frozen dataclass of doc()
+    # fields (default, limits, help), written as optimizer.<key>; docs/config.md and
+    # --help list them, the load checks them, ``own_options.read_own`` reads them.
+    own: type | None = None
     # Keys its own settings make ignored: config/ignored.py's rules, applied when it is the
     # optimizer named.
     ignored: tuple[Rule, ...] = ()

@@ -14,7 +14,9 @@ the implementations (an op reading two tensors and writing one is three passes):
   computes far slower than it moves their bytes (the profile's calibrated time per value);
 - Adafactor (foreach=False): row and column means of g^2 and the update: ~14 passes, 15 ops;
 - Lion: interpolation, sign, update and momentum: ~10 passes, 6 ops;
-- SGD: read the gradient, read and write the weight: 3 passes, 1 op;
+- SGD: read the gradient, read and write the weight: 3 passes, 1 op; with momentum, the
+  buffer's mul_ (2) and add_ of the gradient (3), then the weight's add_ of it (3): 8
+  passes, 3 ops;
 - anything else (a class path): 12 passes, 8 ops.
 
 GaLore adds its own (galore.py): the projections' matmuls and the refresh amortised over
@@ -64,7 +66,7 @@ class Passes:
 
 # The counts of the module docstring.
 ADAMW, ADAMW8BIT, ADAFACTOR = Passes(20, 8), Passes(4, 2, "adamw8bit"), Passes(14, 15)
-LION, SGD, OTHER = Passes(10, 6), Passes(3, 1), Passes(12, 8)
+LION, SGD, SGD_MOMENTUM, OTHER = Passes(10, 6), Passes(3, 1), Passes(8, 3), Passes(12, 8)
 
 
 def streaming(update: Passes) -> StepWork:
