@@ -20,8 +20,8 @@ from memfit.config.overrides import with_overrides
 from memfit.config.schema import OptimizerConfig
 from memfit.monitor.metrics import losses_by_step, read_metrics
 from memfit.techniques.config_checks import from_mapping
-from memfit.techniques.optimizers.own_options import own_key_names
 from memfit.techniques.optimizers.registry import SPECS
+from memfit.techniques.own_keys import names
 
 BASE = {"model": {"preset": "tiny-llama"}, "data": {"path": "unused"}}
 
@@ -112,4 +112,4 @@ def test_no_optimizer_declares_a_shared_key_as_its_own():
     shared = {entry.name for entry in dataclasses.fields(OptimizerConfig)
               if not is_own_keys(entry)}
     for spec in SPECS.values():
-        assert not shared & set(own_key_names(spec)), spec.name
+        assert not shared & set(names(spec.own)), spec.name

@@ -21,7 +21,9 @@ def own_keys(text: str):
     optimizer spec's options): written and read as keys of the section itself
     (``optimizer.momentum``, never ``optimizer.own``), kept as given by load.py and checked
     by the part that declares them."""
-    return field(metadata={"help": text, "own_keys": True}, default_factory=dict)
+    # Not hashed (a dict cannot be): sections are hashed as cache keys (the planner's), and
+    # equality, which compares it, keeps configs with different own keys apart.
+    return field(metadata={"help": text, "own_keys": True}, default_factory=dict, hash=False)
 
 
 def is_own_keys(entry) -> bool:

@@ -58,7 +58,9 @@ def int_limits(config_class: type) -> dict[str, tuple[int, int]]:
 def lookup(config: Any, key: str) -> Any:
     """``config``'s value of a dotted key (``"train.seed"``)."""
     for part in key.split("."):
-        config = getattr(config, part)
+        # A part's own key (config/fields.py: own_keys) not given: None, the default of
+        # every such key that row_reset puts back.
+        config = getattr(config, part) if hasattr(config, part) else config.own.get(part)
     return config
 
 

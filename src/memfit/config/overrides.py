@@ -48,7 +48,10 @@ def _replace(node: Any, changes: dict[str, Any]) -> Any:
     own = next((f.name for f in dataclasses.fields(node) if is_own_keys(f)), None)
     for key, value in changes.items():
         if own is not None and (key not in hints or key == own):  # a part's own key
-            updates[own] = {**updates.get(own, getattr(node, own)), key: value}
+            given = {**updates.get(own, getattr(node, own)), key: value}
+            # null is every such key's default (config.limits.lookup): not given, so a
+            # row that resets it equals the config that never set it
+            updates[own] = {name: v for name, v in given.items() if v is not None}
         elif isinstance(value, dict) and dataclasses.is_dataclass(hints[key]):
             updates[key] = _replace(getattr(node, key), value)
         else:  # as the YAML loader converts it (e.g. "adamw" is a name, not a class path)

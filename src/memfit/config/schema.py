@@ -351,6 +351,9 @@ class MemoryConfig:
         "backward).",
         limits=(1, MAX_TOKENS), default=4096,
     )
+    own: dict[str, Any] = own_keys(
+        "Keys one memory technique declares for itself in its spec (memory.freeze_blocks), "
+        "written beside the keys above; each is listed below with its technique.")
     freeze_embeddings: bool = doc(
         "Full fine-tuning: freeze the input embedding and the output layer (tied or not), "
         "so they take no gradients and no optimizer state.", default=False)

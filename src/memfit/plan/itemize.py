@@ -22,9 +22,10 @@ device keeps the gathered units and the whole gradients).
 Hugging Face models deeper than ``EXACT_DEPTH`` are built (on meta) and traced with 2 and 3
 layers, and every quantity — weights, the trainable parameters, the traced bytes — is
 extrapolated linearly in depth (the blocks repeat), so a 70B model is planned in seconds.
-Where the blocks are of several kinds (memory.checkpoint_blocks, checkpoint_every,
-offload_blocks: techniques/blocks.py), stand-ins of each kind are traced and each kind's
-blocks add their own increment.
+Where the blocks are of several kinds (a technique acting on some blocks only, by its
+spec's ``BlockRule``: memory.checkpoint_blocks, checkpoint_every, offload_blocks,
+freeze_blocks), stand-ins of each kind are traced and each kind's blocks add their own
+increment.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from memfit.plan.offload_in_blocks import traced_offload_in_blocks
 from memfit.plan.step_time import StepWork
 from memfit.plan.trace import TraceResult, trace_micro_batch
 from memfit.plan.workload import ExampleBatch, token_shape, workload
-from memfit.techniques import blocks
+from memfit.techniques import blocks, registry
 from memfit.techniques.distribution import strategy_for
 from memfit.techniques.distribution_traffic import TrafficSizes
 from memfit.techniques.moments import Moment, StepBytes
@@ -243,6 +244,7 @@ def _trace_key(config: Config, example_batch: ExampleBatch | None, device: str) 
     # their cache entries apart.
     return (config.model, config.adapter, config.precision, memory,
             type(memory.checkpoint_blocks), type(memory.offload_blocks),
+            repr(sorted(memory.own.items())),  # the techniques' own keys, 1 and 1.0 apart
             config.train.micro_batch_size, token_shape(config), _batch_key(example_batch),
             config.distributed.sequence_parallel,  # the slice of each sequence traced
             # the device: where a built model's base is quantized (quantizing_bytes)
@@ -259,16 +261,17 @@ def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> 
         if full_depth is None or full_depth <= EXACT_DEPTH:
             _SIZING_CACHE[key] = _measure(config, None, example_batch, device)
         else:
-            # Each kind of block (checkpointed or not, offloaded or not: memory.checkpoint_blocks,
-            # checkpoint_every, offload_blocks) is measured in stand-ins made of that kind only,
-            # and the model is added up kind by kind.
-            kinds = Counter(blocks.block_kinds(config.memory, full_depth,
-                                               blocks.model_named(config.model)))
+            # Each kind of block (checkpointed or not, offloaded or not, frozen or not: the
+            # techniques' BlockRules) is measured in stand-ins made of that kind only, and
+            # the model is added up kind by kind.
+            options = TechniqueOptions.of(config)
+            kinds = Counter(registry.block_kinds(options, full_depth,
+                                                 blocks.model_named(config.model)))
             # 2 and 3 layers, not 1 and 2: a 1-layer model's peak can fall in forward (its
             # logits) while deeper ones peak in backward with grads of the layers above,
             # and an increment between two different moments extrapolates to nonsense.
             stand_ins = {kind: dataclasses.replace(
-                config, memory=blocks.all_of_kind(config.memory, kind)) for kind in kinds}
+                config, memory=registry.all_of_kind(options, kind)) for kind in kinds}
             families = [
                 _Family(count, *(_measure(stand_ins[kind], layers, example_batch, device)
                                  for layers in (2, 3)))
@@ -348,12 +351,16 @@ def _extrapolate(families: list[_Family]) -> _Sizing:
         raise TypeError(f"cannot extrapolate a {type(first).__name__} in depth")
 
     twos, threes = [f.two for f in families], [f.three for f in families]
-    # Checkpointing and offload change no weight: every kind has one layer's parameters.
+    # The trainable parameters: outside the blocks, the first kind's 2-layer ones less its
+    # two blocks'; then each kind's one block's, once per block of it (a frozen block,
+    # memory.freeze_blocks, has none; checkpointing and offload change no weight).
+    per_block = [Counter(f.three.params) - Counter(f.two.params) for f in families]
+    outside = Counter(families[0].two.params) - Counter(
+        {param: 2 * n for param, n in per_block[0].items()})
+    params = list(outside.elements()) + [
+        param for kind, count in zip(per_block, counts, strict=True)
+        for param, n in kind.items() for _ in range(n * count)]
     one = families[0]
-    per_layer = Counter(one.three.params) - Counter(one.two.params)
-    extra_layers = sum(counts) - 2
-    params = list(one.two.params) + [p for p, n in per_layer.items()
-                                     for _ in range(n * extra_layers)]
     units = [s.units for s in (*twos, *threes)]
     return _Sizing(grow([s.weight_bytes for s in twos], [s.weight_bytes for s in threes]),
                    grow([s.sharded_bytes for s in twos], [s.sharded_bytes for s in threes]),

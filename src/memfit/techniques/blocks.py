@@ -6,8 +6,10 @@ fraction f in (0, 1] the first ceil(f x depth), null all of them. memory.checkpo
 applies within the chosen blocks: blocks 0, k, 2k, ... below N are checkpointed, the rule
 transformers' own ``every_n_layers`` follows.
 
-Each block is then of one kind, (checkpointed, offloaded): the planner measures stand-ins
-built of one kind and adds up the kinds' per-block bytes (plan/itemize.py).
+Each block is then of one kind, (checkpointed, offloaded, ... one flag per technique acting
+on some blocks: their specs' ``BlockRule``, built from the functions here): the planner
+measures stand-ins built of one kind and adds up the kinds' per-block bytes
+(plan/itemize.py).
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ from torch import nn
 
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import MemoryConfig, ModelConfig
-
-BlockKind = tuple[bool, bool]  # (checkpointed, saved tensors offloaded)
 
 
 def model_blocks(model: nn.Module, memory: MemoryConfig, is_transformers: bool
@@ -107,30 +107,31 @@ def chosen_count(key: str, value: int | float | None, depth: int, named: str) ->
 
 def checkpointed_count(memory: MemoryConfig, depth: int, named: str) -> int:
     """Blocks that recompute in backward: every k-th of the chosen ones."""
+    return sum(checkpointed(memory, depth, named))
+
+
+def checkpointed(memory: MemoryConfig, depth: int, named: str) -> list[bool]:
+    """Per block, input side first: recomputed in backward (memory.checkpoint_blocks,
+    checkpoint_every)?"""
     chosen = chosen_count("checkpoint_blocks", memory.checkpoint_blocks, depth, named)
-    return len(range(0, chosen, memory.checkpoint_every))
+    return [index < chosen and index % memory.checkpoint_every == 0 for index in range(depth)]
 
 
-def block_kinds(memory: MemoryConfig, depth: int, named: str) -> list[BlockKind]:
-    """Each of ``depth`` blocks' (checkpointed, offloaded), input side first."""
-    checkpointed = (chosen_count("checkpoint_blocks", memory.checkpoint_blocks, depth, named)
-                    if memory.gradient_checkpointing else 0)
-    offloaded = (chosen_count("offload_blocks", memory.offload_blocks, depth, named)
-                 if memory.activation_offload else 0)
-    return [(index < checkpointed and index % memory.checkpoint_every == 0, index < offloaded)
-            for index in range(depth)]
+def checkpointed_everywhere(memory: MemoryConfig, acts: bool) -> MemoryConfig:
+    """``memory`` with every block checkpointed, or none."""
+    return dataclasses.replace(memory, checkpoint_blocks=None if acts else 0,
+                               checkpoint_every=1)
 
 
-def all_of_kind(memory: MemoryConfig, kind: BlockKind) -> MemoryConfig:
-    """``memory`` with every block of ``kind``, at any depth (a planner's stand-in); what
-    lies outside the blocks unchanged (with offload_blocks null, it is offloaded too)."""
-    checkpointed, offloaded = kind
-    if not memory.gradient_checkpointing:
-        checkpoint = {}
-    else:
-        checkpoint = {"checkpoint_blocks": None if checkpointed else 0, "checkpoint_every": 1}
-    if not memory.activation_offload or memory.offload_blocks is None:
-        offload = {}
-    else:
-        offload = {"offload_blocks": 1.0 if offloaded else 0}
-    return dataclasses.replace(memory, **checkpoint, **offload)
+def offloaded(memory: MemoryConfig, depth: int, named: str) -> list[bool]:
+    """Per block: are its saved tensors offloaded (memory.offload_blocks)?"""
+    chosen = chosen_count("offload_blocks", memory.offload_blocks, depth, named)
+    return [index < chosen for index in range(depth)]
+
+
+def offloaded_everywhere(memory: MemoryConfig, acts: bool) -> MemoryConfig:
+    """``memory`` with every block offloaded, or none; offload_blocks null (the whole model,
+    outside the blocks too) stays."""
+    if memory.offload_blocks is None:
+        return memory
+    return dataclasses.replace(memory, offload_blocks=1.0 if acts else 0)

@@ -12,21 +12,30 @@ from typing import Any
 from memfit._utils.errors import ConfigError
 from memfit.config.ignored import warn_ignored_keys
 from memfit.config.load import build_unvalidated, read_raw
-from memfit.config.schema import Config, DistributedStrategy, Precision
+from memfit.config.schema import (
+    Config,
+    DistributedStrategy,
+    MemoryConfig,
+    OptimizerConfig,
+    Precision,
+)
 from memfit.config.validate import validate
 from memfit.techniques.distribution import strategy_refusal
 from memfit.techniques.ignored_rules import optimizer_rules, technique_rules
-from memfit.techniques.optimizers.own_options import check_own_keys
+from memfit.techniques.optimizers.options import own_options
 from memfit.techniques.optimizers.registry import SPECS, spec_for
 from memfit.techniques.optimizers.setting import OptimizerSetting
+from memfit.techniques.optimizers.spec import OptimizerSpec
+from memfit.techniques.own_keys import check_declared, read_own
+from memfit.techniques.registry import TECHNIQUES
 
 
 def from_mapping(raw: dict[str, Any] | None) -> Config:
     """Build and validate a Config from a raw mapping (YAML or Python); warns about the
     keys it sets that the rest of the config ignores."""
     config = build_unvalidated(Config, raw or {}, prefix="")
-    # An unknown optimizer.name is the first thing to say, then its keys.
-    check_own_keys(config.optimizer, spec_for(config.optimizer), SPECS.values())
+    optimizer = spec_for(config.optimizer)  # an unknown optimizer.name is the first thing to say
+    check_own_keys(config.optimizer, config.memory, optimizer)
     validate(config)
     check_with_specs(config)
     warn_ignored_keys(config, raw or {}, [*optimizer_rules(config.optimizer), *technique_rules()])
@@ -37,6 +46,21 @@ def load_config(path: str | Path | None, overrides: list[str], base: dict[str, A
                 ) -> Config:
     """The CLI's entry point: ``base`` (e.g. the demo) <- YAML file <- overrides."""
     return from_mapping(read_raw(path, overrides, base))
+
+
+def check_own_keys(optimizer: OptimizerConfig, memory: MemoryConfig, named: OptimizerSpec
+                   ) -> None:
+    """The keys beyond the schema's (own_keys.py): each declared by an optimizer's or a
+    technique's spec, and the named optimizer's and every technique's values valid.
+    Another optimizer's own keys are ignored-key warnings (techniques/ignored_rules.py)."""
+    check_declared("optimizer", OptimizerConfig, optimizer.own,
+                   [spec.own for spec in SPECS.values()])
+    if named.own is not None:
+        own_options(named.own, optimizer)
+    check_declared("memory", MemoryConfig, memory.own, [spec.own for spec in TECHNIQUES])
+    for spec in TECHNIQUES:
+        if spec.own is not None:
+            read_own(spec.own, "memory", memory.own, spec.name)
 
 
 def check_with_specs(config: Config) -> None:

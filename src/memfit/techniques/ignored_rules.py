@@ -11,8 +11,8 @@ from memfit.config.fields import is_own_keys
 from memfit.config.ignored import Rule
 from memfit.config.schema import OptimizerConfig
 from memfit.techniques.optimizers.options import SHARED_KEYS
-from memfit.techniques.optimizers.own_options import own_key_names
 from memfit.techniques.optimizers.registry import SPECS, spec_for
+from memfit.techniques.own_keys import names
 from memfit.techniques.registry import TECHNIQUES
 
 
@@ -20,14 +20,14 @@ def optimizer_rules(optimizer: OptimizerConfig) -> list[Rule]:
     """The rules for ``optimizer``: its unread keys (the schema's and the other optimizers'
     own), then its spec's own rules."""
     spec = spec_for(optimizer)
-    own = own_key_names(spec)
+    own = names(spec.own)
     reads = "optimizer." + ", ".join(key for key in (*SHARED_KEYS, *spec.options, *own)
                                      if key != "name")
     unread = [_pattern(field) for field in dataclasses.fields(OptimizerConfig)
               if field.name not in SHARED_KEYS and field.name not in spec.options
               and not is_own_keys(field)]
     unread += sorted({f"optimizer.{key}" for other in SPECS.values()
-                      for key in own_key_names(other) if key not in own})
+                      for key in names(other.own) if key not in own})
     rules = [Rule((pattern,), lambda c: True,
                   lambda c: f"optimizer.name={c.optimizer.name} does not read it (it reads "
                             f"{reads})")

@@ -22,11 +22,13 @@ from typing import Any
 
 from torch import nn
 
+from memfit.config.schema import MemoryConfig
 from memfit.techniques.specs import (
     activation_offload,
     adapters,
     checkpointing,
     chunked_loss,
+    freeze_blocks,
     freeze_embeddings,
     frozen_in_compute_dtype,
     mixed_precision,
@@ -39,14 +41,21 @@ from memfit.techniques.specs import (
 from memfit.techniques.specs.frozen_in_compute_dtype import frozen_storage_dtype
 from memfit.techniques.specs.pure_bf16 import planned_weights_dtype
 from memfit.techniques.specs.quantized_base import load_quantization
-from memfit.techniques.specs.spec import STAGES, Setting, Stage, TechniqueSpec, setting
+from memfit.techniques.specs.spec import (
+    STAGES,
+    BlockRule,
+    Setting,
+    Stage,
+    TechniqueSpec,
+    setting,
+)
 from memfit.techniques.technique_options import TechniqueOptions
 
 # What training and the planner use of the specs, through this module.
-__all__ = ["STAGES", "TECHNIQUES", "Setting", "Stage", "TechniqueOptions", "TechniqueSpec",
-           "apply_stage",
-           "check_applied", "frozen_storage_dtype", "load_quantization", "plan_apply",
-           "planned_weights_dtype", "setting"]
+__all__ = ["STAGES", "TECHNIQUES", "BlockKind", "Setting", "Stage", "TechniqueOptions",
+           "TechniqueSpec", "all_of_kind", "apply_stage", "block_kinds", "check_applied",
+           "frozen_storage_dtype", "load_quantization", "plan_apply", "planned_weights_dtype",
+           "setting"]
 
 TECHNIQUES: tuple[TechniqueSpec, ...] = (
     checkpointing.SPEC,
@@ -55,6 +64,7 @@ TECHNIQUES: tuple[TechniqueSpec, ...] = (
     tiled_norms.SPEC,
     adapters.SPEC,
     freeze_embeddings.SPEC,
+    freeze_blocks.SPEC,
     quantized_base.SPEC,
     frozen_in_compute_dtype.SPEC,
     pure_bf16.SPEC,
@@ -80,6 +90,30 @@ def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:
         if spec.enabled(options):
             warnings += spec.check_applied(model, options)
     return warnings
+
+
+# A block's kind: for each enabled technique acting on some blocks (its spec's
+# ``BlockRule``), in list order, whether it acts on that block.
+BlockKind = tuple[bool, ...]
+
+
+def _block_rules(options: TechniqueOptions) -> list[BlockRule]:
+    return [spec.blocks for spec in TECHNIQUES
+            if spec.blocks is not None and spec.enabled(options)]
+
+
+def block_kinds(options: TechniqueOptions, depth: int, named: str) -> list[BlockKind]:
+    """Each of ``depth`` blocks' kind, input side first (the planner's stand-ins)."""
+    acting = [rule.acts_on(options.memory, depth, named) for rule in _block_rules(options)]
+    return list(zip(*acting, strict=True)) if acting else [()] * depth
+
+
+def all_of_kind(options: TechniqueOptions, kind: BlockKind) -> MemoryConfig:
+    """memory.* with every block of ``kind``, at any depth (a planner's stand-in)."""
+    memory = options.memory
+    for rule, acts in zip(_block_rules(options), kind, strict=True):
+        memory = rule.everywhere(memory, acts)
+    return memory
 
 
 def plan_apply(model: nn.Module, setting: Setting) -> nn.Module:

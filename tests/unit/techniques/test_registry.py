@@ -12,11 +12,13 @@ import pytest
 import torch
 
 from memfit._utils.errors import ConfigError
+from memfit.config.fields import is_own_keys
 from memfit.config.schema import AdapterConfig, AdapterKind, Config, MemoryConfig, Precision
 from memfit.plan import meta
 from memfit.techniques import checkpointing, registry, specs
 from memfit.techniques.config_checks import from_mapping
 from memfit.techniques.optimizer_offload import HostOffloadOptimizer
+from memfit.techniques.own_keys import names
 from memfit.training.build import load_base, prepare_model, seed_everything
 
 # Settings of the planner and the OOM ladder, not techniques applied to the model.
@@ -31,7 +33,10 @@ def all_keys() -> set[str]:
 
 
 def technique_keys() -> set[str]:
-    keys = {f"memory.{field.name}" for field in dataclasses.fields(MemoryConfig)}
+    """The schema's memory-technique keys, and the techniques' own (own_keys.py)."""
+    keys = {f"memory.{field.name}" for field in dataclasses.fields(MemoryConfig)
+            if not is_own_keys(field)}
+    keys |= {f"memory.{key}" for spec in registry.TECHNIQUES for key in names(spec.own)}
     keys |= {f"adapter.{field.name}" for field in dataclasses.fields(AdapterConfig)
              if field.name != "kind"}
     keys |= {f"adapter.kind={kind.value}" for kind in AdapterKind}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from memfit.config.fields import doc
-from memfit.techniques.optimizers.own_options import read_own
+from memfit.techniques.optimizers.options import own_options
 from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.optimizers.spec import Factory, OptimizerSpec, Param, ParamCost, per_param
 from memfit.techniques.optimizers.step_work import SGD, SGD_MOMENTUM, streaming
@@ -23,17 +23,17 @@ class SgdOptions:
 
 
 def _factory(setting: OptimizerSetting) -> Factory:
-    momentum = read_own(SgdOptions, setting.optimizer).momentum
+    momentum = own_options(SgdOptions, setting.optimizer).momentum
     return lambda groups: torch.optim.SGD(groups, lr=setting.optimizer.lr, momentum=momentum)
 
 
 def _cost(param: Param, setting: OptimizerSetting) -> ParamCost:
-    momentum = read_own(SgdOptions, setting.optimizer).momentum
+    momentum = own_options(SgdOptions, setting.optimizer).momentum
     return ParamCost(param.nbytes if momentum else 0, 0, param.nbytes)
 
 
 def _step_work(params: list[Param], costs: list[ParamCost], setting: OptimizerSetting) -> Work:
-    momentum = read_own(SgdOptions, setting.optimizer).momentum
+    momentum = own_options(SgdOptions, setting.optimizer).momentum
     return streaming(SGD_MOMENTUM if momentum else SGD)(params, costs, setting)
 
 

@@ -9,7 +9,8 @@ from torch import nn
 
 from memfit.config.ignored import Rule
 from memfit.techniques import activation_offload, blocks
-from memfit.techniques.specs.spec import Setting, TechniqueSpec
+from memfit.techniques.blocks import offloaded, offloaded_everywhere
+from memfit.techniques.specs.spec import BlockRule, Setting, TechniqueSpec
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
@@ -38,5 +39,6 @@ SPEC = TechniqueSpec(
          "chosen blocks (plan/offload_in_blocks.py)",
     apply=apply, plan_apply=apply,
     row_reset=("memory.activation_offload", "memory.offload_blocks"), level="+offload",
+    blocks=BlockRule(offloaded, offloaded_everywhere),
     ignored=(Rule(("memory.offload_blocks",), lambda c: not c.memory.activation_offload,
                   lambda c: "it applies with memory.activation_offload=true"),))

@@ -6,8 +6,8 @@ from torch import nn
 
 from memfit.config.ignored import Rule
 from memfit.techniques import checkpointing
-from memfit.techniques.blocks import model_named
-from memfit.techniques.specs.spec import Setting, TechniqueOptions, TechniqueSpec
+from memfit.techniques.blocks import checkpointed, checkpointed_everywhere, model_named
+from memfit.techniques.specs.spec import BlockRule, Setting, TechniqueOptions, TechniqueSpec
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
@@ -34,6 +34,7 @@ SPEC = TechniqueSpec(
     # memory.checkpoint_modules stays: it says which modules are the blocks.
     row_reset=("memory.gradient_checkpointing", "memory.checkpoint_every",
                "memory.checkpoint_blocks"), level="+ckpt",
+    blocks=BlockRule(checkpointed, checkpointed_everywhere),
     ignored=(Rule(("memory.checkpoint_modules", "memory.checkpoint_every",
                    "memory.checkpoint_blocks"),
                   lambda c: not c.memory.gradient_checkpointing,

@@ -22,6 +22,7 @@ from typing import Any, Literal
 from torch import nn
 
 from memfit.config.ignored import Rule
+from memfit.config.schema import MemoryConfig
 from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.technique_options import TechniqueOptions
 
@@ -62,6 +63,21 @@ def nothing_to_check(model: nn.Module, options: TechniqueOptions) -> list[str]:
 
 
 @dataclass(frozen=True)
+class BlockRule:
+    """How a technique that acts on some of a model's repeated blocks says which: the
+    planner measures shortened stand-ins whose blocks are all of one kind (each such
+    technique acting on them or not) and adds the kinds up (plan/itemize.py), so a
+    technique on the first N blocks is planned as it trains at every depth."""
+
+    # (memory.*, the depth, the model as named for messages) -> per block, input side
+    # first: does it act on that block?
+    acts_on: Callable[[MemoryConfig, int, str], list[bool]]
+    # memory.* under which it acts on every block (True) or on none (False) of a stand-in,
+    # whatever its depth; what lies outside the blocks unchanged.
+    everywhere: Callable[[MemoryConfig, bool], MemoryConfig]
+
+
+@dataclass(frozen=True)
 class TechniqueSpec:
     name: str
     keys: tuple[str, ...]  # config keys ("memory.chunked_loss") or values ("precision=fp16")
@@ -94,3 +110,9 @@ class TechniqueSpec:
     row_reset: tuple[str, ...] = ()
     level: PlanLevel | None = None
     plan_methods: tuple[PlanMethod, ...] = ()
+    # Its own keys (techniques/own_keys.py): a frozen dataclass of doc() fields written as
+    # memory.<key>, read with ``own_keys.read_own(Block, "memory", memory.own, name)``;
+    # docs/config.md, --help and the load's checks take them from here.
+    own: type | None = None
+    # Where it acts on some blocks only (the first N): which, for the planner.
+    blocks: BlockRule | None = None
