@@ -1,7 +1,7 @@
-"""The config reference, generated from the schema's field docs and the option blocks the
-parts above the config floor declare (``extra``: an optimizer's own keys, which
-memfit.techniques.config_reference adds): used by ``memfit train --help`` and written to
-docs/config.md.
+"""The config reference, generated from the schema's field docs and the blocks of own keys
+the parts above the config floor declare (``extra``: an optimizer's or a memory
+technique's, which memfit.techniques.config_reference adds): used by ``memfit train
+--help`` and written to docs/config.md.
 """
 
 from __future__ import annotations
@@ -80,9 +80,10 @@ def markdown(extra: Iterable[KeyDoc] = ()) -> str:
     lines = [
         "# Configuration reference",
         "",
-        "Generated from `src/memfit/config/schema.py` and the optimizers' own keys (their "
-        "specs) by `python -m memfit.techniques.config_reference > docs/config.md`; a test "
-        "keeps it in sync.",
+        "Generated from `src/memfit/config/schema.py` and the own keys of the optimizers "
+        "and memory techniques (their specs) by "
+        "`python -m memfit.techniques.config_reference > docs/config.md`; a test keeps it "
+        "in sync.",
         "",
         "Write keys as YAML sections or as `section.key=value` overrides after the config "
         "file. Relative paths in a YAML file are resolved against that file's folder.",

@@ -1,5 +1,7 @@
 """The typed configuration: frozen dataclasses whose field docs become `--help` and the
-config reference (docs/config.md). Every key a user can write lives here, once.
+config reference (docs/config.md). Every shared key lives here, once; the keys one
+optimizer or one memory technique declares for itself live in its spec, and the section
+keeps them in its ``own`` field (config/fields.py: own_keys).
 
 Sections mirror the YAML file: ``model`` (with ``model.rope_scaling``, in rope.py), ``data``
 (with ``data.images``, in images.py), ``adapter``, ``optimizer`` (with ``optimizer.galore``),
