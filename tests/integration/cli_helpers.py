@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -75,6 +76,31 @@ def tiny_run_arguments(data: Path, output_dir: Path, *extra: str) -> list[str]:
         f"train: {{output_dir: {output_dir}}}\n"
         "log: {progress: false}\n")
     return [str(config), *extra]
+
+
+def optimizer_run(folder: Path, instructions: Path, optimizer: str) -> tuple[Path, Path]:
+    """(run.yaml in ``folder``, its run folder): the tiny Llama on ``instructions`` for 4
+    steps, checkpoints at 2 and 4, with the YAML mapping ``optimizer`` ("{name: sgd}")."""
+    run_dir = folder / "run"
+    (folder / "run.yaml").write_text(
+        "model: {preset: tiny-llama}\n"
+        f"data: {{path: {instructions}, format: instruction, max_length: 64}}\n"
+        f"optimizer: {optimizer}\n"
+        f"train: {{output_dir: {run_dir}, max_steps: 4, save_every: 2}}\n"
+        "log: {progress: false, tensorboard: false}\n")
+    return folder / "run.yaml", run_dir
+
+
+def losses_resumed_at_step_2(run_dir: Path, cwd: Path, *flags: str) -> dict[int, float]:
+    """The losses of steps 3 and 4 when the 4-step run in ``run_dir`` resumes from its
+    step-2 checkpoint (its step-4 one and its records removed), run from ``cwd``."""
+    from memfit.monitor.metrics import losses_by_step, read_metrics
+
+    shutil.rmtree(run_dir / "checkpoints" / "step-4")
+    (run_dir / "metrics.jsonl").write_text("")
+    result = run_in_process("train", *flags, "--resume", str(run_dir), cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    return losses_by_step(read_metrics(run_dir))
 
 
 def run_in_process(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:

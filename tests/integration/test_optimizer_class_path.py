@@ -4,12 +4,17 @@ step on fake tensors, and every way of naming it wrongly is one line."""
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from cli_helpers import assert_one_line_error, run_in_process, tiny_run_arguments
+from cli_helpers import (
+    assert_one_line_error,
+    losses_resumed_at_step_2,
+    optimizer_run,
+    run_in_process,
+    tiny_run_arguments,
+)
 
 from memfit.monitor.metrics import losses_by_step, read_metrics
 from memfit.plan import costs
@@ -40,13 +45,8 @@ class SignSGD(torch.optim.Optimizer):
 def test_a_class_path_optimizer_trains_resumes_and_the_plan_counts_its_state(
         tmp_path: Path, instructions: Path, quiet_transformers) -> None:
     (tmp_path / "sign_sgd.py").write_text(OPTIMIZER_FILE)
-    run_dir = tmp_path / "run"
-    (tmp_path / "run.yaml").write_text(
-        "model: {preset: tiny-llama}\n"
-        f"data: {{path: {instructions}, format: instruction, max_length: 64}}\n"
-        "optimizer: {name: sign_sgd.py:SignSGD, kwargs: {beta: 0.5}, lr: 0.001}\n"
-        f"train: {{output_dir: {run_dir}, max_steps: 4, save_every: 2}}\n"
-        "log: {progress: false, tensorboard: false}\n")
+    _, run_dir = optimizer_run(tmp_path, instructions,
+                               "{name: sign_sgd.py:SignSGD, kwargs: {beta: 0.5}, lr: 0.001}")
     result = run_in_process("train", "run.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     saved = (run_dir / "config.yaml").read_text()
@@ -54,13 +54,9 @@ def test_a_class_path_optimizer_trains_resumes_and_the_plan_counts_its_state(
     uninterrupted = losses_by_step(read_metrics(run_dir))
 
     # Resume from step 2 (its momentum buffers restored) = uninterrupted, from elsewhere.
-    shutil.rmtree(run_dir / "checkpoints" / "step-4")
-    (run_dir / "metrics.jsonl").write_text("")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    result = run_in_process("train", "--trust-code", "--resume", str(run_dir), cwd=elsewhere)
-    assert result.returncode == 0, result.stderr
-    resumed = losses_by_step(read_metrics(run_dir))
+    resumed = losses_resumed_at_step_2(run_dir, elsewhere, "--trust-code")
     assert resumed == pytest.approx({s: uninterrupted[s] for s in (3, 4)}, rel=1e-6)
 
     planned = run_in_process("plan", "run.yaml", "--budget", "1GiB", "--json", cwd=tmp_path)

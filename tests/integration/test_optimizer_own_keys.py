@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 from pathlib import Path
 
 import pytest
-from cli_helpers import run_in_process
+from cli_helpers import losses_resumed_at_step_2, optimizer_run, run_in_process
 
 from memfit._utils.errors import ConfigError
 from memfit.config.fields import is_own_keys
@@ -32,13 +31,7 @@ def _config(**optimizer):
 
 def test_sgd_momentum_trains_resumes_and_is_planned_as_one_buffer_a_parameter(
         tmp_path: Path, instructions: Path, quiet_transformers) -> None:
-    run_dir = tmp_path / "run"
-    (tmp_path / "run.yaml").write_text(
-        "model: {preset: tiny-llama}\n"
-        f"data: {{path: {instructions}, format: instruction, max_length: 64}}\n"
-        "optimizer: {name: sgd, momentum: 0.9, lr: 0.01}\n"
-        f"train: {{output_dir: {run_dir}, max_steps: 4, save_every: 2}}\n"
-        "log: {progress: false, tensorboard: false}\n")
+    _, run_dir = optimizer_run(tmp_path, instructions, "{name: sgd, momentum: 0.9, lr: 0.01}")
     result = run_in_process("train", "run.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     saved = (run_dir / "config.yaml").read_text()
@@ -46,11 +39,7 @@ def test_sgd_momentum_trains_resumes_and_is_planned_as_one_buffer_a_parameter(
     uninterrupted = losses_by_step(read_metrics(run_dir))
 
     # Resumed from step 2 with its momentum buffers = uninterrupted.
-    shutil.rmtree(run_dir / "checkpoints" / "step-4")
-    (run_dir / "metrics.jsonl").write_text("")
-    result = run_in_process("train", "--resume", str(run_dir), cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    resumed = losses_by_step(read_metrics(run_dir))
+    resumed = losses_resumed_at_step_2(run_dir, tmp_path)
     assert resumed == pytest.approx({s: uninterrupted[s] for s in (3, 4)}, rel=1e-6)
 
     with_momentum = run_in_process("plan", "run.yaml", "--budget", "1GiB", "--json",

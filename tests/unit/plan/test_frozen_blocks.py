@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from accuracy_cases import config_for, measure_steps, tiny_llama_folder, write_data
+from accuracy_cases import config_for, measure_steps, tiny_llama_folder
 
 from memfit._utils.errors import ConfigError
 from memfit.config.ignored import IgnoredKeyWarning
@@ -24,16 +24,6 @@ from memfit.techniques.own_keys import names
 from memfit.training.build import build_run
 
 STEPS = 2  # the second step holds the optimizer state from the first
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return tmp_path_factory.mktemp("frozen-blocks")
-
-
-@pytest.fixture(scope="module")
-def corpus(folder):
-    return write_data(folder)["text"]
 
 
 def tiny_llama(folder, corpus, layers: int, memory: dict, **sections):

@@ -8,23 +8,13 @@ of each kind of block)."""
 from __future__ import annotations
 
 import pytest
-from accuracy_cases import config_for, measure_steps, tiny_llama_folder, write_data
+from accuracy_cases import config_for, measure_steps, tiny_llama_folder
 
 from memfit.plan import estimate
 from memfit.techniques import checkpointing
 from memfit.training.build import build_run
 
 STEPS = 2  # the second step holds the optimizer state from the first
-
-
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory):
-    return tmp_path_factory.mktemp("partial-blocks")
-
-
-@pytest.fixture(scope="module")
-def corpus(folder):
-    return write_data(folder)["text"]
 
 
 def tiny_llama(folder, corpus, layers: int, memory: dict):
