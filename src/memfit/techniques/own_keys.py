@@ -27,6 +27,11 @@ def names(block: type | None) -> tuple[str, ...]:
     return tuple(entry.name for entry in dataclasses.fields(block)) if block else ()
 
 
+def defaults(block: type | None) -> dict[str, Any]:
+    """Each key ``block`` declares, with its default (none for None)."""
+    return {entry.name: entry.default for entry in dataclasses.fields(block)} if block else {}
+
+
 def read_own(block: type[Block], section: str, given: Mapping[str, Any], owner: str) -> Block:
     """``block`` with the values ``given`` (a section's own keys) sets for its keys,
     converted to their types and checked against their limits; its defaults elsewhere.

@@ -10,8 +10,6 @@ a model planned from stand-ins of one kind came out below the measured peak from
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 from accuracy_cases import config_for, measure_steps, tiny_llama_folder
 
@@ -20,7 +18,7 @@ from memfit.config.ignored import IgnoredKeyWarning
 from memfit.plan import estimate
 from memfit.techniques import registry
 from memfit.techniques.blocks import transformers_layers
-from memfit.techniques.own_keys import names
+from memfit.techniques.own_keys import defaults
 from memfit.training.build import build_run
 
 STEPS = 2  # the second step holds the optimizer state from the first
@@ -68,8 +66,7 @@ def test_every_own_key_a_strategy_row_resets_defaults_to_null():
     """config.limits.lookup reads an own key that is not given as None: what row_reset puts
     back must be that default."""
     for spec in registry.TECHNIQUES:
-        defaults = {entry.name: entry.default for entry in dataclasses.fields(spec.own)
-                    } if spec.own else {}
+        declared = defaults(spec.own)
         for key in spec.row_reset:
-            if key.removeprefix("memory.") in names(spec.own):
-                assert defaults[key.removeprefix("memory.")] is None, (spec.name, key)
+            if key.removeprefix("memory.") in declared:
+                assert declared[key.removeprefix("memory.")] is None, (spec.name, key)

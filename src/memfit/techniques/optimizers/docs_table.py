@@ -4,27 +4,19 @@ prints it; a test keeps the docs equal to it."""
 
 from __future__ import annotations
 
-import dataclasses
-
 from memfit.techniques.optimizers.class_path import DOCS_ROW
 from memfit.techniques.optimizers.registry import SPECS
-from memfit.techniques.optimizers.spec import OptimizerSpec
+from memfit.techniques.own_keys import defaults
 
 
 def optimizer_table() -> str:
-    rows = [(f"`{name}`", *spec.docs_row, _options({**spec.options, **_own(spec)}))
+    rows = [(f"`{name}`", *spec.docs_row, _options({**spec.options, **defaults(spec.own)}))
             for name, spec in SPECS.items()]
     rows.append(("`package.module:Class` or `file.py:Class`", *DOCS_ROW, "`optimizer.kwargs`"))
     lines = ["| `optimizer.name` | implementation | state per parameter | reads, with its "
              "defaults for null |", "|---|---|---|---|"]
     lines += [f"| {' | '.join(row)} |" for row in rows]
     return "\n".join(lines) + "\n"
-
-
-def _own(spec: OptimizerSpec) -> dict:
-    """Its own keys (``OptimizerSpec.own``) with their defaults."""
-    return ({entry.name: entry.default for entry in dataclasses.fields(spec.own)}
-            if spec.own else {})
 
 
 def _options(options: dict) -> str:

@@ -10,7 +10,7 @@ import torch
 from memfit.config.fields import doc
 from memfit.techniques.optimizers.options import own_options
 from memfit.techniques.optimizers.setting import OptimizerSetting
-from memfit.techniques.optimizers.spec import Factory, OptimizerSpec, Param, ParamCost, per_param
+from memfit.techniques.optimizers.spec import Factory, OptimizerSpec, Param, ParamCost
 from memfit.techniques.optimizers.step_work import SGD, SGD_MOMENTUM, streaming
 from memfit.techniques.work import Work
 
@@ -27,9 +27,10 @@ def _factory(setting: OptimizerSetting) -> Factory:
     return lambda groups: torch.optim.SGD(groups, lr=setting.optimizer.lr, momentum=momentum)
 
 
-def _cost(param: Param, setting: OptimizerSetting) -> ParamCost:
+def _costs(params: list[Param], setting: OptimizerSetting) -> list[ParamCost]:
+    """State: the momentum buffer, in the parameter's dtype, where there is momentum."""
     momentum = own_options(SgdOptions, setting.optimizer).momentum
-    return ParamCost(param.nbytes if momentum else 0, 0, param.nbytes)
+    return [ParamCost(param.nbytes if momentum else 0, 0, param.nbytes) for param in params]
 
 
 def _step_work(params: list[Param], costs: list[ParamCost], setting: OptimizerSetting) -> Work:
@@ -43,4 +44,4 @@ SPEC = OptimizerSpec(
                                    "of the parameter"),
     own=SgdOptions,
     bench=(),  # no state by default: nothing for the memory benchmark to compare
-    factory=_factory, costs=per_param(_cost), step_work=_step_work)
+    factory=_factory, costs=_costs, step_work=_step_work)
