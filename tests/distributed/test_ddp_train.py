@@ -52,6 +52,10 @@ CASES = {
                                         "activation_offload": True}},
     # An untied input embedding: memfit sums only the rows the step's tokens touched.
     "untied-embedding": {"model": {"preset": None, "path": "{root}/untied"}},
+    # Own keys (techniques/own_keys.py) under DDP: an optimizer's, and a technique's that
+    # acts on some blocks only.
+    "sgd-momentum": {"optimizer": {"name": "sgd", "momentum": 0.9}},
+    "frozen-first-block": {"memory": {"freeze_blocks": 1}},
 }
 # Every other registered optimizer with its defaults (paged_adamw8bit pages GPU memory:
 # CUDA only), so a new one is tested under DDP without editing this file.
@@ -149,8 +153,9 @@ def test_two_processes_match_one_on_the_same_global_batch(runs: Path, name: str)
 
 
 # The 2-process losses of every case, pinned to the digits printed on 2026-12-04 (torch
-# 2.13.0, CPU): the ddp half of tests/regression/test_pinned_losses.py. A new case (a new
-# registered optimizer) fails here until its losses are pinned.
+# 2.13.0, CPU; sgd-momentum and frozen-first-block on 2026-12-05): the ddp half of
+# tests/regression/test_pinned_losses.py. A new case (a new registered optimizer) fails
+# here until its losses are pinned.
 PINNED = {
     "adafactor": [5.554708, 5.536993, 5.537203, 5.528737, 5.525222],
     "adamw": [5.554708, 5.410375, 5.231967, 5.125843, 5.077516],
@@ -163,6 +168,8 @@ PINNED = {
     "lora-checkpointed-chunked": [5.554708, 5.525223, 5.501088, 5.473120, 5.459376],
     "qlora-bf16-offloaded": [5.547857, 5.517843, 5.494433, 5.467396, 5.454441],
     "sgd": [5.554708, 5.538682, 5.542473, 5.536781, 5.534457],
+    "sgd-momentum": [5.554708, 5.538682, 5.539961, 5.530499, 5.524675],
+    "frozen-first-block": [5.554708, 5.451477, 5.298029, 5.187111, 5.133865],
     "untied-embedding": [6.239900, 6.192564, 6.126115, 6.083881, 6.045330],
 }
 # Where an AVX2 machine's kernels print other digits (tests/pins.py): bitsandbytes
