@@ -86,7 +86,8 @@ def real_model(project: Path) -> torch.nn.Module:
 
 def test_plan_builds_the_pretrained_architecture_on_meta(project: Path):
     real = real_model(project)
-    planned = meta.build(load_plan_config(project / "config.yaml", []), device="cpu").model
+    config = load_plan_config(project / "config.yaml", [])
+    planned = meta.build(meta.BuildInputs.of(config, "cpu")).model
     assert {p.device.type for p in planned.parameters()} == {"meta"}
     assert ({name: p.shape for name, p in planned.named_parameters()}
             == {name: p.shape for name, p in real.named_parameters()})

@@ -18,7 +18,7 @@ from typing import Any
 from torch import nn
 
 from memfit.config.choices import CLASSIFYING_TASKS
-from memfit.config.schema import Config, ModelConfig
+from memfit.config.schema import Config, DataConfig, ModelConfig
 from memfit.data import classes
 
 HEAD_SUFFIXES = ("classifier", "score")
@@ -30,9 +30,14 @@ def with_classes(config: Config) -> Config:
     returned as they are. Training, and planning with data, build the head from these."""
     if config.model.task not in CLASSIFYING_TASKS:
         return config
-    names = classes(config.data, config.train.seed, config.model.labels,
-                    config.model.num_labels)
-    return replace(config, model=replace(config.model, labels=names, num_labels=len(names)))
+    return replace(config, model=classified(config.model, config.data, config.train.seed))
+
+
+def classified(model: ModelConfig, data: DataConfig, seed: int) -> ModelConfig:
+    """A classifier's ``model`` section with the classes of the rows it trains on
+    (``with_classes``); ``seed``: train.seed, which splits off the eval rows."""
+    names = classes(data, seed, model.labels, model.num_labels)
+    return replace(model, labels=names, num_labels=len(names))
 
 
 def label_arguments(labels: Sequence[str]) -> dict[str, Any]:

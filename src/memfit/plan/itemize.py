@@ -40,19 +40,21 @@ import torch
 from torch import nn
 
 from memfit._utils.errors import ConfigError
-from memfit.config.schema import AdapterKind, Config, Task
+from memfit._utils.exact_key import exact_key
+from memfit.config.schema import Config, Task
 from memfit.plan import costs, meta, moments, per_device
 from memfit.plan.offload_in_blocks import traced_offload_in_blocks
 from memfit.plan.step_time import StepWork
 from memfit.plan.trace import TraceResult, trace_micro_batch
-from memfit.plan.workload import ExampleBatch, token_shape, workload
+from memfit.plan.trace_inputs import TraceInputs
+from memfit.plan.workload import ExampleBatch, workload
 from memfit.techniques import blocks, registry
 from memfit.techniques.distribution import strategy_for
 from memfit.techniques.distribution_traffic import TrafficSizes
 from memfit.techniques.moments import Moment, StepBytes
 from memfit.techniques.optimizers import OptimizerSetting, spec_for
 from memfit.techniques.precision import AUTOCAST_DTYPES
-from memfit.techniques.quantize_stand_in import QuantizedLinear, quantized_path, quantizing_bytes
+from memfit.techniques.quantize_stand_in import QuantizedLinear, quantizing_bytes
 from memfit.techniques.technique_options import TechniqueOptions
 
 EXACT_DEPTH = 4
@@ -112,20 +114,21 @@ class _Traced:
 
 
 _SIZING_CACHE: dict[tuple, _Sizing] = {}
-# The trace reads no optimizer key (the optimizer's own bytes are its spec's moments), so
-# strategies that differ in the optimizer only share one trace: a plan's table traces
-# each model view once.
+# Keyed on what the trace reads (TraceInputs), which holds no optimizer key (the
+# optimizer's own bytes are its spec's moments): strategies that differ in the optimizer
+# only share one trace.
 _TRACE_CACHE: dict[tuple, _Traced] = {}
 
 
 def estimate(config: Config, device: str = "cuda",
              example_batch: ExampleBatch | None = None) -> Estimate:
     """Itemized bytes of training with ``config`` (see the module docstring)."""
-    sizing = _sizing(config, example_batch, device)
+    layout = per_device.Layout.of(config)
+    inputs = TraceInputs.of(config, device)
+    sizing = _sizing(inputs, layout.setting, example_batch)
     params, trace = sizing.params, sizing.trace
     if not params:
         raise ConfigError("the model has no trainable parameters (check adapter.*)")
-    layout = per_device.Layout.of(config)
     optimizer = costs.optimizer_cost(params, layout.setting)
     devices = per_device.sharded_over(layout)
     # In host memory on a CPU device too: training copies it there (optimizer_offload.py)
@@ -171,11 +174,11 @@ def estimate(config: Config, device: str = "cuda",
                  + optimizer.step_scratch_bytes)
     return Estimate(split, total, costs.device_overhead_bytes(total, device), host,
                     config.train.micro_batch_size, config.train.gradient_accumulation_steps,
-                    peak, _step_work(config, sizing, params, devices))
+                    peak, _step_work(config, inputs, sizing, params, devices))
 
 
-def _step_work(config: Config, sizing: _Sizing, params: list[costs.Param], devices: int
-               ) -> StepWork:
+def _step_work(config: Config, inputs: TraceInputs, sizing: _Sizing, params: list[costs.Param],
+               devices: int) -> StepWork:
     """The work of one optimizer step on one device: the traced micro-batch's, as many times
     as the step accumulates; the optimizer's (its spec's, over this device's rows under
     FSDP2); what the strategy sends; with optimizer offload, fp32 gradients down and
@@ -191,7 +194,7 @@ def _step_work(config: Config, sizing: _Sizing, params: list[costs.Param], devic
     train = config.train
     # This device's tokens of a micro-batch: a sequence group's processes each take a
     # slice of every sequence (distributed.sequence_parallel).
-    slice_length = -(-token_shape(config).length // config.distributed.sequence_parallel)
+    slice_length = -(-inputs.tokens.length // inputs.sequence_parallel)
     micro_batch_tokens = (train.micro_batch_size * slice_length
                           if config.model.task in (Task.CAUSAL_LM, Task.SEQUENCE_CLASSIFICATION)
                           and not config.model.factory else None)
@@ -237,75 +240,63 @@ def _units(model: nn.Module) -> per_device.Units:
     return per_device.Units(block, block_trainable, root, root_trainable)
 
 
-def _trace_key(config: Config, example_batch: ExampleBatch | None, device: str) -> tuple:
-    """What the built model and its trace read of the config."""
-    memory = config.memory
-    # 1 (the first block) == 1.0 (all of them) in Python: the kinds of the counts keep
-    # their cache entries apart.
-    return (config.model, config.adapter, config.precision, memory,
-            type(memory.checkpoint_blocks), type(memory.offload_blocks),
-            repr(sorted(memory.own.items())),  # the techniques' own keys, 1 and 1.0 apart
-            config.train.micro_batch_size, token_shape(config), _batch_key(example_batch),
-            config.distributed.sequence_parallel,  # the slice of each sequence traced
-            # the device: where a built model's base is quantized (quantizing_bytes)
-            (quantized_path(config.adapter, device), device)
-            if config.adapter.kind is AdapterKind.QLORA else None)
-
-
-def _sizing(config: Config, example_batch: ExampleBatch | None, device: str) -> _Sizing:
-    key = (*_trace_key(config, example_batch, device),
-           config.optimizer.name, config.optimizer.galore.modules)  # which params are projected
+def _sizing(inputs: TraceInputs, setting: OptimizerSetting,
+            example_batch: ExampleBatch | None) -> _Sizing:
+    # What sizing reads beyond the trace: the optimizer setting (which parameters its spec
+    # projects, costs.trainable_params).
+    key = (inputs.key, exact_key(setting), _batch_key(example_batch))
     if key not in _SIZING_CACHE:
-        transformers_config = meta.hf_config(config.model)
+        model = inputs.build.techniques.model
+        transformers_config = meta.hf_config(model)
         full_depth = None if transformers_config is None else meta.depth(transformers_config)
         if full_depth is None or full_depth <= EXACT_DEPTH:
-            _SIZING_CACHE[key] = _measure(config, None, example_batch, device)
+            _SIZING_CACHE[key] = _measure(inputs, setting, None, example_batch)
         else:
             # Each kind of block (checkpointed or not, offloaded or not, frozen or not: the
             # techniques' BlockRules) is measured in stand-ins made of that kind only, and
             # the model is added up kind by kind.
-            options = TechniqueOptions.of(config)
-            kinds = Counter(registry.block_kinds(options, full_depth,
-                                                 blocks.model_named(config.model)))
+            options = inputs.build.techniques
+            kinds = Counter(registry.block_kinds(options, full_depth, blocks.model_named(model)))
             # 2 and 3 layers, not 1 and 2: a 1-layer model's peak can fall in forward (its
             # logits) while deeper ones peak in backward with grads of the layers above,
             # and an increment between two different moments extrapolates to nonsense.
-            stand_ins = {kind: dataclasses.replace(
-                config, memory=registry.all_of_kind(options, kind)) for kind in kinds}
+            stand_ins = {kind: inputs.with_memory(registry.all_of_kind(options, kind))
+                         for kind in kinds}
             families = [
-                _Family(count, *(_measure(stand_ins[kind], layers, example_batch, device)
+                _Family(count, *(_measure(stand_ins[kind], setting, layers, example_batch)
                                  for layers in (2, 3)))
                 for kind, count in kinds.items()]
             _SIZING_CACHE[key] = _extrapolate(families)
     return _SIZING_CACHE[key]
 
 
-def _measure(config: Config, layers: int | None, example_batch: ExampleBatch | None,
-             device: str) -> _Sizing:
-    key = (*_trace_key(config, example_batch, device), layers)
+def _measure(inputs: TraceInputs, setting: OptimizerSetting, layers: int | None,
+             example_batch: ExampleBatch | None) -> _Sizing:
+    key = (inputs.key, _batch_key(example_batch), layers)
     if key not in _TRACE_CACHE:
-        _TRACE_CACHE[key] = _trace(config, layers, example_batch, device)
+        _TRACE_CACHE[key] = _trace(inputs, layers, example_batch)
     traced = _TRACE_CACHE[key]
-    params = costs.trainable_params(traced.model, OptimizerSetting.of(config))
+    params = costs.trainable_params(traced.model, setting)
     return _Sizing(traced.weight_bytes, traced.sharded_bytes, params, traced.trace, traced.units,
                    traced.batch_bytes, traced.quantizing)
 
 
-def _trace(config: Config, layers: int | None, example_batch: ExampleBatch | None,
-           device: str) -> _Traced:
-    built = meta.build(config, layers, device)
+def _trace(inputs: TraceInputs, layers: int | None, example_batch: ExampleBatch | None
+           ) -> _Traced:
+    built = meta.build(inputs.build, layers)
+    options = inputs.build.techniques
     weights = costs.weight_bytes(built.model)
-    quantizing = quantizing_bytes(built.model, TechniqueOptions.of(config), device)
+    quantizing = quantizing_bytes(built.model, options, inputs.build.device)
     sharded = sum(t.numel() * t.element_size() for t in _gathered(built.model))
-    work = workload(config, built, example_batch)
+    work = workload(inputs, built, example_batch)
     with torch.device("meta"):
         batch_bytes = sum(tensor.numel() * tensor.element_size() for tensor
                           in work.make_batch().values() if isinstance(tensor, torch.Tensor))
-    memory = config.memory
+    memory = options.memory
     in_blocks = memory.activation_offload and memory.offload_blocks is not None
     with traced_offload_in_blocks() if in_blocks else contextlib.nullcontext():
         trace = trace_micro_batch(built.model, work.make_batch, work.loss_sum,
-                                  AUTOCAST_DTYPES.get(config.precision),
+                                  AUTOCAST_DTYPES.get(options.precision),
                                   memory.activation_offload and not in_blocks)
     if work.exchanges is not None:  # sequence parallelism's all-to-alls, counted as run
         trace = dataclasses.replace(trace, work=dataclasses.replace(

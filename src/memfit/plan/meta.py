@@ -25,8 +25,9 @@ model.num_labels, or the folder's own config), trained in full beside adapters.
 from __future__ import annotations
 
 import copy
+import functools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -34,9 +35,10 @@ from torch import nn
 
 from memfit._utils.errors import ModelError
 from memfit.config.choices import CLASSIFYING_TASKS
-from memfit.config.schema import Config, ModelConfig, Task
+from memfit.config.images import ImagesConfig
+from memfit.config.schema import Config, DistributedStrategy, ModelConfig, Task
 from memfit.demo import DEMO_BASE
-from memfit.models.classifier import label_arguments, with_classes
+from memfit.models.classifier import classified, label_arguments
 from memfit.models.image_classifier import CLASSIFIER_PRESETS
 from memfit.models.load import build_image_preset, import_object, path_config
 from memfit.models.presets import IMAGE_PRESETS, PRESETS, preset_names
@@ -91,28 +93,57 @@ def depth(transformers_config) -> int | None:
     return None if layers is None else int(layers)
 
 
-def build(config: Config, layers: int | None = None, device: str = "cuda") -> MetaModel:
-    """The model as training would build it, on meta; ``layers`` shortens an HF model;
-    ``device`` (cuda, cpu) picks the bitsandbytes code path a quantized base would take."""
-    base_config = hf_config(config.model)
-    if config.model.task is Task.IMAGE_CLASSIFICATION and config.data.path is not None:
-        config = with_classes(config)
-    if base_config is None and (config.model.preset in IMAGE_PRESETS
-                                or config.model.preset in CLASSIFIER_PRESETS):
+@dataclass(frozen=True)
+class BuildInputs:
+    """Everything ``build`` reads of a run, and nothing else: the one list of it (the
+    planner's trace cache is keyed on it, plan/trace_inputs.py)."""
+
+    # The model (a classifier's classes resolved from data.path, as training resolves
+    # them), adapter, precision and memory sections; the strategy is none: it places the
+    # model and wraps its optimizer after the stages built here
+    # (training.build.place_and_optimize), so every strategy shares one built model.
+    techniques: registry.TechniqueOptions
+    images: ImagesConfig  # data.images: an image preset's input
+    device: str  # cuda, cpu: the bitsandbytes code path a quantized base would take
+    # model.factory's file, (modification time, size): an edited factory builds anew
+    factory_version: tuple[int, int] | tuple[()]
+
+    @classmethod
+    def of(cls, config: Config, device: str) -> BuildInputs:
+        model = config.model
+        if model.task in CLASSIFYING_TASKS and config.data.path is not None:
+            model = _classified(model, config.data, config.train.seed)
+        techniques = replace(registry.TechniqueOptions.of(config), model=model,
+                             strategy=DistributedStrategy.NONE)
+        version = _file_version(model.factory) if model.factory else ()
+        return cls(techniques, config.data.images, device, version)
+
+
+# A classifier's classes (models.classifier.classified reads every row): once per data
+# and model section, not once per strategy planned.
+_classified = functools.lru_cache(maxsize=8)(classified)
+
+
+def build(inputs: BuildInputs, layers: int | None = None) -> MetaModel:
+    """The model as training would build it, on meta; ``layers`` shortens an HF model."""
+    options = inputs.techniques
+    base_config = hf_config(options.model)
+    if base_config is None and (options.model.preset in IMAGE_PRESETS
+                                or options.model.preset in CLASSIFIER_PRESETS):
         with torch.device("meta"):
-            model = build_image_preset(config.model, config.data.images)
+            model = build_image_preset(options.model, inputs.images)
         is_transformers, depth_used = False, None
     elif base_config is None:
-        model, is_transformers, depth_used = _from_factory(config.model.factory), False, None
+        model, is_transformers, depth_used = _from_factory(options.model.factory), False, None
     else:
         base_config = _with_layers(base_config, layers)
-        if config.model.task in CLASSIFYING_TASKS:
-            base_config = _with_classes(base_config, config)
-        model, is_transformers = _from_hf_config(base_config, config.model.task), True
+        if options.model.task in CLASSIFYING_TASKS:
+            base_config = _with_classes(base_config, options.model)
+        model, is_transformers = _from_hf_config(base_config, options.model.task), True
         depth_used = depth(base_config)
-    options = registry.TechniqueOptions.of(config)
     model.to(registry.planned_weights_dtype(options))
-    model = registry.plan_apply(model, registry.setting(model, options, is_transformers, device))
+    model = registry.plan_apply(model, registry.setting(model, options, is_transformers,
+                                                        inputs.device))
     _as_peft_quantized_layers(model)
     return MetaModel(model, is_transformers, depth_used)
 
@@ -156,13 +187,10 @@ def _with_layers(transformers_config, layers: int | None):
     return shorter
 
 
-def _with_classes(transformers_config, config: Config):
+def _with_classes(transformers_config, model: ModelConfig):
     """The transformers config of a sequence classifier with the classes it will train."""
-    if config.data.path is not None:
-        config = with_classes(config)
-    labels = config.model.labels or tuple(
-        f"LABEL_{index}" for index in range(config.model.num_labels
-                                            or transformers_config.num_labels))
+    labels = model.labels or tuple(
+        f"LABEL_{index}" for index in range(model.num_labels or transformers_config.num_labels))
     shaped = copy.deepcopy(transformers_config)
     for key, value in label_arguments(labels).items():
         setattr(shaped, key, value)

@@ -263,7 +263,7 @@ def long_sequence_techniques_ok(config: Config) -> tuple[bool, bool, bool]:
     own, the tiled MLP and norms where it has MLP and norm modules."""
     if config.model.task is not Task.CAUSAL_LM or config.model.factory:
         return False, False, False
-    model = meta.build(config, layers=1).model
+    model = meta.build(meta.BuildInputs.of(config, "cuda"), layers=1).model
     try:
         chunked_loss.check_supported(model)
         chunked_loss_ok = True

@@ -1,75 +1,26 @@
 """What the planner traces for one micro-batch: a batch of fake tensors shaped as training's
 would be, and the loss training would compute on it (``TrainingLoss``, the same dispatch
-``training.objective`` runs).
-
-Token batches are as long as the longest micro-batch the run will see (``token_shape``):
-``data.max_length`` for packed blocks (text, or rows with data.pack); for rows padded to
-the longest in each micro-batch (instruction and chat by default), the longest row among
-the examples the run draws (its steps x effective batch, in the batch stream's order), read
-from data.path with the model's tokenizer. Without readable data or a tokenizer, the
-bound data.max_length."""
+``training.objective`` runs). Token batches are as long as the longest micro-batch the run
+will see (trace_inputs.token_shape)."""
 
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 
-from memfit._utils.errors import ConfigError, MemfitError
-from memfit.config.schema import Config, DataConfig, DataFormat, ModelConfig, Precision, Task
-from memfit.data import build_datasets
-from memfit.data.build import packing_of
-from memfit.data.order import drawn, optimizer_steps
-from memfit.data.tokens import Packing
+from memfit._utils.errors import ConfigError
+from memfit.config.schema import Precision, Task
 from memfit.distributed import sequence_parallel
-from memfit.models.load import import_object, load_tokenizer
+from memfit.models.load import import_object
 from memfit.plan.meta import MetaModel
+from memfit.plan.trace_inputs import TraceInputs
 from memfit.techniques.training_loss import TrainingLoss
 
 ExampleBatch = dict[str, torch.Tensor]
-
-
-@dataclass(frozen=True)
-class TokenShape:
-    """The longest token micro-batch of a run, as the trace must build it."""
-
-    length: int  # tokens per row of the longest micro-batch
-    packing: Packing  # "none": rows padded (transformers builds a padding mask)
-
-
-def token_shape(config: Config) -> TokenShape:
-    """The longest micro-batch's row length and how its rows are packed (module docstring)."""
-    packing = packing_of(config.data)
-    rows = config.data.format in (DataFormat.TEXT, DataFormat.INSTRUCTION, DataFormat.CHAT)
-    if packing != "none" or not rows or config.data.path is None:
-        return TokenShape(config.data.max_length, packing)
-    train = config.train
-    drawn_per_step = (train.micro_batch_size * train.gradient_accumulation_steps
-                      * config.distributed.nproc)
-    return TokenShape(_longest_row(config.data, config.model, train.seed, train.max_steps,
-                                   train.epochs, drawn_per_step), packing)
-
-
-@functools.lru_cache(maxsize=8)
-def _longest_row(data: DataConfig, model: ModelConfig, seed: int, max_steps: int | None,
-                 epochs: float, drawn_per_step: int) -> int:
-    """The longest example among those the run draws (data.order: the batch stream's
-    order and count); data.max_length when the rows or the tokenizer cannot be read (a
-    plan of a config.json alone, data not there yet: training would fail or say why)."""
-    try:
-        tokenizer = load_tokenizer(model)
-        if tokenizer is None:
-            return data.max_length
-        train = build_datasets(data, tokenizer, seed=seed, labels=model.labels).train
-    except MemfitError:
-        return data.max_length
-    steps = optimizer_steps(max_steps, epochs, len(train), drawn_per_step)
-    return max(len(train[index]["input_ids"])
-               for index in drawn(len(train), seed, steps * drawn_per_step))
 
 
 @dataclass(frozen=True)
@@ -81,19 +32,20 @@ class Workload:
     exchanges: sequence_parallel.PlannedGroup | None = None
 
 
-def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | None
+def workload(inputs: TraceInputs, built: MetaModel, example_batch: ExampleBatch | None
              ) -> Workload:
     """The micro-batch and its loss as the training loop would run them. Hugging Face
     causal LMs and classifiers get batches of ``token_shape`` tokens; factory and image
     models the shapes of ``example_batch``, traced through their own loss (model.loss or
     forward's)."""
-    loss_function = import_object(config.model.loss, "model.loss") if config.model.loss else None
-    loss = TrainingLoss.of(config.model, config.memory, loss_function)
-    size = config.train.micro_batch_size
-    shape = token_shape(config)
+    options = inputs.build.techniques
+    model = options.model
+    loss_function = import_object(model.loss, "model.loss") if model.loss else None
+    loss = TrainingLoss.of(model, options.memory, loss_function)
+    size, shape = inputs.micro_batch_size, inputs.tokens
     length = shape.length
-    if config.model.task is Task.CAUSAL_LM and built.is_transformers:
-        loss = _sequence_parallel(config.distributed.sequence_parallel, built, loss, length)
+    if model.task is Task.CAUSAL_LM and built.is_transformers:
+        loss = _sequence_parallel(inputs.sequence_parallel, built, loss, length)
         exchanges = loss.sequence_group.group if loss.sequence_group else None
 
         def make_batch() -> dict[str, Any]:
@@ -119,7 +71,7 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
                 return loss.loss_sum(model, batch)
 
         return Workload(make_batch, causal_lm_loss_sum, exchanges)
-    if config.model.task is Task.SEQUENCE_CLASSIFICATION:
+    if model.task is Task.SEQUENCE_CLASSIFICATION:
 
         def make_classified_batch() -> dict[str, Any]:
             return {"input_ids": torch.zeros((size, length), dtype=torch.long),
@@ -130,7 +82,7 @@ def workload(config: Config, built: MetaModel, example_batch: ExampleBatch | Non
     if example_batch is None:
         raise ConfigError("planning a model.factory or image model needs one example "
                           "micro-batch: pass example_batch={name: tensor} to memfit.plan")
-    pure = config.precision is Precision.BF16_PURE  # the loop casts float inputs to bf16
+    pure = options.precision is Precision.BF16_PURE  # the loop casts float inputs to bf16
 
     def make_factory_batch() -> dict[str, Any]:
         return {name: torch.empty(tensor.shape, dtype=torch.bfloat16

@@ -21,7 +21,7 @@ def test_the_context_is_the_native_window_times_the_factor():
     scaled = load_plan_config(None, [*TINY, *YARN, "data.max_length=2048"])
     assert context_length(scaled.model) == ("max_position_embeddings", 2048)
     check_max_length(scaled.model, 2048)  # 2,048 tokens fit the scaled window
-    model = meta.build(scaled, device="cpu").model
+    model = meta.build(meta.BuildInputs.of(scaled, "cpu")).model
     assert model.config.rope_parameters["rope_type"] == "yarn"
     assert model.model.rotary_emb.attention_scaling > 1  # yarn's temperature, on meta too
 

@@ -23,7 +23,8 @@ def tiny_llama(*overrides: str) -> Config:
 
 
 def all_grad_bytes(config: Config) -> int:
-    return grad_bytes(trainable_params(meta.build(config).model, OptimizerSetting.of(config)))
+    model = meta.build(meta.BuildInputs.of(config, "cuda")).model
+    return grad_bytes(trainable_params(model, OptimizerSetting.of(config)))
 
 
 def test_ddp_holds_one_process_bytes_and_its_buckets_for_the_whole_step():
@@ -48,7 +49,8 @@ def test_accumulating_under_ddp_accumulates_into_the_buckets():
 def test_galore_weights_projected_in_backward_are_reduced_outside_ddp_buckets():
     config = with_overrides(tiny_llama("optimizer.name=galore", "optimizer.galore.rank=16"),
                             DDP)
-    params = trainable_params(meta.build(config).model, OptimizerSetting.of(config))
+    model = meta.build(meta.BuildInputs.of(config, "cuda")).model
+    params = trainable_params(model, OptimizerSetting.of(config))
     unprojected = sum(p.nbytes for p in params if not p.projected)
     assert 0 < unprojected < grad_bytes(params)
     assert ddp_bucket_bytes(params, Layout.of(config)) == unprojected
@@ -62,7 +64,7 @@ def test_layerwise_under_ddp_adds_the_gradient_whose_reduction_is_in_flight():
     config = tiny_llama("optimizer.layerwise=true")
     one = estimate(with_overrides(config, ONE), "cpu")
     ddp = estimate(with_overrides(config, DDP), "cpu")
-    model = meta.build(config).model
+    model = meta.build(meta.BuildInputs.of(config, "cuda")).model
     sizes = sorted(p.nbytes for p in trainable_params(model, OptimizerSetting.of(config)))
     assert ddp.peak_tensor_bytes - one.peak_tensor_bytes == sizes[-2]
 

@@ -28,7 +28,7 @@ def tiny_qlora(*overrides: str):
 
 def test_a_block_gathers_its_codes_and_scales():
     config = with_overrides(tiny_qlora(), FSDP)
-    model = meta.build(config).model
+    model = meta.build(meta.BuildInputs.of(config, "cuda")).model
     block = model.base_model.model.model.layers[0]
     floating = sum(p.nbytes for p in block.parameters() if p.is_floating_point())
     quantized = sum(quantized_weight_bytes(out, inputs, AdapterConfig(kind="qlora"))
@@ -45,7 +45,8 @@ def test_host_offload_under_fsdp_holds_each_process_shards_on_the_host():
     assert offloaded.bytes["optimizer"] == 0
     assert offloaded.bytes["weights"] < on_device.bytes["weights"]
     moved = on_device.bytes["weights"] - offloaded.bytes["weights"]
-    params = trainable_params(meta.build(config).model, OptimizerSetting.of(config))
+    model = meta.build(meta.BuildInputs.of(config, "cuda")).model
+    params = trainable_params(model, OptimizerSetting.of(config))
     # Process 0's shards (the largest), their grads and state, and the host step's scratch.
     least = moved + on_device.bytes["optimizer"] + -(-grad_bytes(params) // 2)
     assert least <= offloaded.host_bytes <= least + on_device.bytes["optimizer"]

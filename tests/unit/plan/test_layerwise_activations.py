@@ -15,6 +15,7 @@ import pytest
 from accuracy_cases import config_for, measure_peak_bytes, wide_llama_folder, write_data
 
 from memfit.plan import estimate, itemize
+from memfit.plan.trace_inputs import TraceInputs
 
 # Few tokens through wide layers: weight gradients outweigh the activations.
 SHAPE = {"train": {"micro_batch_size": 1}}
@@ -38,7 +39,7 @@ def base(tmp_path_factory):
 @pytest.mark.parametrize("name", sorted(LAYERWISE))
 def test_peak_without_grads_holds_the_activations(base, name):
     config = config_for(base, {**LAYERWISE[name], **SHAPE})
-    trace = itemize._measure(config, None, None, "cpu").trace
+    trace = itemize._trace(TraceInputs.of(config, "cpu"), None, None).trace
     without = trace.peak_without_grads
     assert without["activations"] > 0, without
     # Not the end of backward (every grad alive): the non-grad bytes peak while the

@@ -145,7 +145,7 @@ def test_a_built_base_is_quantized_on_the_host_before_it_is_placed():
 
     config = load_plan_config(None, ["model.preset=tiny-llama", "adapter.kind=qlora",
                                      "model.dtype=bfloat16"])
-    model = meta.build(config, None, "cpu").model
+    model = meta.build(meta.BuildInputs.of(config, "cpu")).model
     layers = [m for m in model.modules() if isinstance(m, QuantizedLinear)]
     assert layers
     every_layer = sum(2 * m.in_features * m.out_features for m in layers)  # bf16

@@ -184,7 +184,8 @@ def estimate_params(config):
     from memfit.plan import meta
     from memfit.plan.costs import trainable_params
 
-    return trainable_params(meta.build(config).model, OptimizerSetting.of(config))
+    model = meta.build(meta.BuildInputs.of(config, "cuda")).model
+    return trainable_params(model, OptimizerSetting.of(config))
 
 
 def test_ddp_and_fsdp_send_the_bytes_of_their_ring_collectives():

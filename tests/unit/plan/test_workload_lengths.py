@@ -14,7 +14,7 @@ from accuracy_cases import measure_peak_bytes
 from memfit.data import build_datasets
 from memfit.models.load import load_tokenizer
 from memfit.plan import estimate
-from memfit.plan.workload import TokenShape, token_shape
+from memfit.plan.trace_inputs import TokenShape, token_shape
 from memfit.techniques.config_checks import from_mapping
 from memfit.training.batches import BatchStream
 

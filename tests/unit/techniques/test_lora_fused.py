@@ -254,7 +254,7 @@ def test_the_planner_counts_the_adapter_parameters_training_has():
                            "data": {"path": "unused"},
                            "adapter": {"kind": "lora", "rank": 4,
                                        "targets": ["attention-qv", "conv"]}})
-    planned = meta.build(config, device="cpu").model
+    planned = meta.build(meta.BuildInputs.of(config, "cpu")).model
     real, _ = prepare_model(load_base(config), TechniqueOptions.of(config))
     assert lora.placed_parts(real) == lora.placed_parts(planned) == {
         f"blocks.{i}.self_attention": {"q": (0, 32), "v": (64, 96)} for i in range(2)}

@@ -81,7 +81,7 @@ def tiny_llama(tmp_path, **sections) -> Config:
 def built_and_planned(config: Config):
     seed_everything(0)
     model, warnings = prepare_model(load_base(config), registry.TechniqueOptions.of(config))
-    return model, warnings, meta.build(config, device="cpu").model
+    return model, warnings, meta.build(meta.BuildInputs.of(config, "cpu")).model
 
 
 def module_tree(model: torch.nn.Module) -> list[tuple[str, str]]:
@@ -144,4 +144,5 @@ def test_bf16_pure_is_cast_in_the_device_stage_and_planned_in_bf16(tmp_path):
                                device="cpu")
     assert registry.apply_stage("model", model, setting).weight.dtype == torch.float32
     assert registry.apply_stage("device", model, setting).weight.dtype == torch.bfloat16
-    assert {p.dtype for p in meta.build(config).model.parameters()} == {torch.bfloat16}
+    planned = meta.build(meta.BuildInputs.of(config, "cuda")).model
+    assert {p.dtype for p in planned.parameters()} == {torch.bfloat16}
