@@ -153,13 +153,14 @@ def test_two_processes_match_one_on_the_same_global_batch(runs: Path, name: str)
 
 
 # The 2-process losses of every case, pinned to the digits printed on 2026-12-04 (torch
-# 2.13.0, CPU; sgd-momentum and frozen-first-block on 2026-12-05): the ddp half of
+# 2.13.0, CPU; sgd-momentum, frozen-first-block and came on 2026-12-05): the ddp half of
 # tests/regression/test_pinned_losses.py. A new case (a new registered optimizer) fails
 # here until its losses are pinned.
 PINNED = {
     "adafactor": [5.554708, 5.536993, 5.537203, 5.528737, 5.525222],
     "adamw": [5.554708, 5.410375, 5.231967, 5.125843, 5.077516],
     "adamw8bit": [5.554708, 5.410375, 5.231970, 5.125843, 5.077516],
+    "came": [5.554708, 4.934911, 4.051274, 3.176834, 2.977616],
     "galore": [5.554708, 5.493950, 5.407758, 5.322160, 5.279629],
     "galore-online": [5.554708, 5.493950, 5.407722, 5.321243, 5.278802],
     "layerwise-adamw": [5.554708, 5.410375, 5.231958, 5.126802, 5.079314],

@@ -10,6 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 from cli_helpers import tiny_run_arguments
+from optimizer_oracle import (
+    assert_resume_equals_uninterrupted,
+    assert_steps_give,
+    gradients,
+    parameters,
+)
 
 import memfit
 from memfit.config.ignored import IgnoredKeyWarning
@@ -21,26 +27,13 @@ SHAPES = [(6, 4), (4,), (3, 5)]
 LR, BETAS, DECAY = 1e-2, (0.8, 0.95), 0.1
 
 
-def _parameters() -> list[torch.nn.Parameter]:
-    generator = torch.Generator().manual_seed(0)
-    return [torch.nn.Parameter(torch.randn(shape, generator=generator)) for shape in SHAPES]
-
-
-def _gradients(step: int) -> list[torch.Tensor | None]:
-    generator = torch.Generator().manual_seed(100 + step)
-    grads = [torch.randn(shape, generator=generator) for shape in SHAPES]
-    if step == 1:  # the vector gets no gradient on the second step: it must stand still
-        grads[1] = None
-    return grads
-
-
 def _reference(steps: int) -> list[torch.Tensor]:
     """Chen et al. 2023, Algorithm 2, one tensor at a time, no torch.optim."""
-    weights = [p.detach().clone() for p in _parameters()]
+    weights = [p.detach().clone() for p in parameters(SHAPES)]
     moments = [torch.zeros_like(w) for w in weights]
     beta1, beta2 = BETAS
     for step in range(steps):
-        for index, grad in enumerate(_gradients(step)):
+        for index, grad in enumerate(gradients(SHAPES, step)):
             if grad is None:
                 continue
             update = torch.sign(beta1 * moments[index] + (1 - beta1) * grad)
@@ -49,46 +42,16 @@ def _reference(steps: int) -> list[torch.Tensor]:
     return weights
 
 
-def _run(params, optimizer, steps: range) -> None:  # noqa: ANN001
-    for step in steps:
-        for param, grad in zip(params, _gradients(step), strict=True):
-            param.grad = grad
-        optimizer.step()
-
-
 def _lion(params) -> Lion:  # noqa: ANN001
     return Lion([{"params": params, "weight_decay": DECAY}], lr=LR, betas=BETAS)
 
 
 def test_lion_is_the_papers_update() -> None:
-    params = _parameters()
-    _run(params, _lion(params), range(4))
-    for got, expected in zip(params, _reference(4), strict=True):
-        torch.testing.assert_close(got.detach(), expected, rtol=1e-6, atol=1e-7)
+    assert_steps_give(SHAPES, _lion, 4, _reference(4), rtol=1e-6, atol=1e-7)
 
 
 def test_save_load_continue_equals_uninterrupted() -> None:
-    straight = _parameters()
-    _run(straight, _lion(straight), range(5))
-    first = _parameters()
-    optimizer = _lion(first)
-    _run(first, optimizer, range(2))
-    saved = torch.load(_saved(optimizer.state_dict()), weights_only=True)
-    resumed = [torch.nn.Parameter(p.detach().clone()) for p in first]
-    again = _lion(resumed)
-    again.load_state_dict(saved)
-    _run(resumed, again, range(2, 5))
-    for got, expected in zip(resumed, straight, strict=True):
-        assert torch.equal(got, expected)
-
-
-def _saved(state: dict):  # noqa: ANN202 - an in-memory file
-    import io
-
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return buffer
+    assert_resume_equals_uninterrupted(SHAPES, _lion)
 
 
 def _setting(**optimizer):  # noqa: ANN003, ANN202

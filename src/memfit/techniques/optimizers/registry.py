@@ -5,7 +5,16 @@ from __future__ import annotations
 
 from memfit._utils.errors import ConfigError
 from memfit.config.schema import OptimizerConfig
-from memfit.techniques.optimizers import adafactor, adamw, adamw8bit, class_path, galore, lion, sgd
+from memfit.techniques.optimizers import (
+    adafactor,
+    adamw,
+    adamw8bit,
+    came,
+    class_path,
+    galore,
+    lion,
+    sgd,
+)
 from memfit.techniques.optimizers.spec import OptimizerSpec
 
 SPECS: dict[str, OptimizerSpec] = {spec.name: spec for spec in (
@@ -16,6 +25,7 @@ SPECS: dict[str, OptimizerSpec] = {spec.name: spec for spec in (
     galore.SPEC,
     sgd.SPEC,
     lion.SPEC,
+    came.SPEC,
 )}
 
 
