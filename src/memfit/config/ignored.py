@@ -9,6 +9,7 @@ the values that differ from the default count as the user's choices.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, NamedTuple
@@ -17,6 +18,7 @@ from memfit._utils.errors import MemfitWarning
 from memfit.config.choices import CLASSIFYING_TASKS, RopeScaling
 from memfit.config.load import to_mapping
 from memfit.config.schema import (
+    AdapterConfig,
     AdapterKind,
     BaseQuantization,
     Config,
@@ -31,10 +33,9 @@ class IgnoredKeyWarning(MemfitWarning):
     """A key was set, but the rest of the config makes it do nothing."""
 
 
-_ADAPTER_KEYS = ("adapter.rank", "adapter.alpha", "adapter.dropout", "adapter.targets",
-                 "adapter.restrict_to", "adapter.rslora", "adapter.dora",
-                 "adapter.trainable_modules", "adapter.quantization", "adapter.double_quant",
-                 "adapter.frozen_in_compute_dtype")
+# Every adapter.* key but the kind: what adapter.kind=none leaves unread.
+_ADAPTER_KEYS = tuple(f"adapter.{entry.name}" for entry in dataclasses.fields(AdapterConfig)
+                      if entry.name != "kind")
 
 class Rule(NamedTuple):
     """``keys`` are ignored when ``ignored(config)``, because ``why(config)``. A key ending in
