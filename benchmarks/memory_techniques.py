@@ -66,6 +66,7 @@ def run_case(case: Case, folder: Path, steps: int, device: torch.device) -> dict
     from memfit.monitor.memory import make_memory_meter
     from memfit.techniques.activation_offload import ActivationOffload
     from memfit.techniques.precision import autocast
+    from memfit.techniques.specs.chunked_loss import chunk_tokens
     from memfit.training.objective import Objective
 
     config = case_config(folder, {"adapter.rank": RANK, "adapter.alpha": ALPHA,
@@ -73,8 +74,7 @@ def run_case(case: Case, folder: Path, steps: int, device: torch.device) -> dict
                                   **case.overrides})
     if case.peer is None:
         built = memfit_training(config, device)
-        objective = Objective(causal_lm=True, loss_chunk_tokens=config.memory.loss_chunk_tokens
-                              if config.memory.chunked_loss else None)
+        objective = Objective(causal_lm=True, loss_chunk_tokens=chunk_tokens(config.memory))
 
         def loss_fn(data):
             return objective.loss_sum(built.model, data) / objective.count(data)

@@ -327,19 +327,11 @@ class MemoryConfig:
         "Compute the LM loss in sequence chunks, never materialising full fp32 logits.",
         default=False,
     )
-    loss_chunk_tokens: int = doc(
-        "memory.chunked_loss: tokens whose logits exist at once (forward and backward).",
-        limits=(1, MAX_TOKENS), default=1024,
-    )
     tiled_mlp: bool = doc(
         "Compute each block's MLP (modules whose class name ends in MLP) over chunks of "
         "memory.mlp_chunk_tokens tokens, each chunk recomputed in backward, so its "
         "tokens x intermediate activations exist for one chunk at a time (long sequences).",
         default=False,
-    )
-    mlp_chunk_tokens: int = doc(
-        "memory.tiled_mlp: tokens whose MLP activations exist at once (forward and backward).",
-        limits=(1, MAX_TOKENS), default=4096,
     )
     tiled_norms: bool = doc(
         "Compute each norm (modules whose class name ends in RMSNorm or LayerNorm) over "
@@ -348,14 +340,10 @@ class MemoryConfig:
         "chunk at a time (long sequences).",
         default=False,
     )
-    norm_chunk_tokens: int = doc(
-        "memory.tiled_norms: tokens whose norm temporaries exist at once (forward and "
-        "backward).",
-        limits=(1, MAX_TOKENS), default=4096,
-    )
     own: dict[str, Any] = own_keys(
-        "Keys one memory technique declares for itself in its spec (memory.freeze_blocks), "
-        "written beside the keys above; each is listed below with its technique.")
+        "Keys one memory technique declares for itself in its spec (memory.loss_chunk_tokens, "
+        "mlp_chunk_tokens, norm_chunk_tokens, freeze_blocks), written beside the keys above; "
+        "each is listed below with its technique.")
     freeze_embeddings: bool = doc(
         "Full fine-tuning: freeze the input embedding and the output layer (tied or not), "
         "so they take no gradients and no optimizer state.", default=False)

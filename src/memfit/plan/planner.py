@@ -41,7 +41,9 @@ from memfit.plan.sequence_rows import split_rows, widest_split
 from memfit.plan.step_time import StepTime, step_time
 from memfit.plan.strategies import strategies
 from memfit.techniques import chunked_loss
+from memfit.techniques.config_checks import check_own_keys
 from memfit.techniques.distribution import strategy_refusal
+from memfit.techniques.optimizers import spec_for
 from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.tiled_mlp import MLPS
 from memfit.techniques.tiled_norms import NORMS
@@ -305,8 +307,10 @@ def load_plan_config(path: str | Path | None, overrides: list[str],
     # load.build_unvalidated converts and type-checks every key but skips config.validate, whose
     # not-yet-supported list would refuse keys the planner must still plan.
     config = load.build_unvalidated(Config, load.merge(raw, given))
-    # Numbers in range: a plan of 10**23 examples per micro-batch would never end.
+    # Numbers in range: a plan of 10**23 examples per micro-batch would never end. The
+    # specs' own keys too, and each declared by one.
     check_numbers(config)
+    check_own_keys(config.optimizer, config.memory, spec_for(config.optimizer))
     check_rope_scaling(config)  # a method and its factor together, on a model that can take it
     check_control_characters(config)
     sources = [key for key in MODEL_SOURCES if getattr(config.model, key)]

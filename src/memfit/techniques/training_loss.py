@@ -30,6 +30,7 @@ from memfit.models.loss import (
     reconstruction_loss_sum,
 )
 from memfit.techniques import chunked_loss
+from memfit.techniques.specs.chunked_loss import chunk_tokens
 
 LossFunction = Callable[[Any, dict], torch.Tensor]
 
@@ -60,7 +61,7 @@ class TrainingLoss:
         task = model.task
         images = task is Task.IMAGE_CLASSIFICATION
         return cls(causal_lm=task is Task.CAUSAL_LM, loss_function=loss_function,
-                   loss_chunk_tokens=memory.loss_chunk_tokens if memory.chunked_loss else None,
+                   loss_chunk_tokens=chunk_tokens(memory),
                    reconstruction_loss=model.reconstruction_loss.value
                    if task is Task.AUTOENCODER else None,
                    classification=task in (Task.SEQUENCE_CLASSIFICATION, Task.IMAGE_CLASSIFICATION),

@@ -161,3 +161,15 @@ def test_llama_2_7b_full_adamw_is_within_15_percent_of_lomo_table_1():
     result = estimate(config)
     assert abs(result.peak_tensor_bytes / (102.2 * 2**30) - 1) <= 0.15
     assert result.bytes["grads"] <= 4 * 6.8e9  # never more than every fp32 gradient
+
+
+@pytest.mark.parametrize("override, message", [
+    ("memory.freeze_blockz=1", "unknown key memory.freeze_blockz; did you mean "
+                               "memory.freeze_blocks?"),
+    ("optimizer.momentum=2", r"optimizer.momentum=2.0 is outside 0.0 to 1.0 \(a key of "
+                             "optimizer.name=sgd\\)"),
+    ("memory.loss_chunk_tokens=0", r"memory.loss_chunk_tokens=0 is outside 1 to 16777216"),
+])
+def test_a_plan_checks_the_specs_own_keys_as_training_does(override, message):
+    with pytest.raises(ConfigError, match=message):
+        load_plan_config(None, ["model.preset=tiny-llama", "optimizer.name=sgd", override])

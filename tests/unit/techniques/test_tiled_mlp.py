@@ -129,8 +129,9 @@ def test_a_model_without_mlp_modules_is_refused():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("memory.mlp_chunk_tokens=0", "memory.mlp_chunk_tokens must be at least 1, got 0"),
-    ("memory.mlp_chunk_tokens=1.5", "memory.mlp_chunk_tokens must be a whole number"),
+    ("memory.mlp_chunk_tokens=0", r"memory.mlp_chunk_tokens=0 is outside 1 to 16777216 \(a "
+                                  r"key of tiled MLP\)"),
+    ("memory.mlp_chunk_tokens=1.5", "memory.mlp_chunk_tokens must be a whole number, got 1.5"),
     ("memory.tiled_mlp=sometimes", "memory.tiled_mlp must be true or false"),
 ])
 def test_bad_values_of_the_keys_are_named(override, message):

@@ -85,7 +85,8 @@ def test_a_model_without_norms_is_refused():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("memory.norm_chunk_tokens=0", "memory.norm_chunk_tokens must be at least 1, got 0"),
+    ("memory.norm_chunk_tokens=0", r"memory.norm_chunk_tokens=0 is outside 1 to 16777216 "
+                                   r"\(a key of tiled norms\)"),
     ("memory.tiled_norms=sometimes", "memory.tiled_norms must be true or false"),
 ])
 def test_bad_values_of_the_keys_are_named(override, message):

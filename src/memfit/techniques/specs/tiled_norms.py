@@ -1,16 +1,32 @@
-"""Tiled norms (memory.tiled_norms): techniques/tiled_norms.py."""
+"""Tiled norms (memory.tiled_norms): techniques/tiled_norms.py. Its chunk size,
+memory.norm_chunk_tokens, is its own key (declared here, not in the schema)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 
+from memfit.config.fields import doc
 from memfit.config.ignored import Rule
+from memfit.config.limits import MAX_TOKENS
+from memfit.techniques.own_keys import read_own
 from memfit.techniques.specs.spec import Setting, TechniqueOptions, TechniqueSpec
 from memfit.techniques.tiled_norms import NORMS
 
+NAME = "tiled norms"
+
+
+@dataclass(frozen=True)
+class TiledNormsOptions:
+    norm_chunk_tokens: int = doc(
+        "Tokens whose norm temporaries exist at once (forward and backward), with "
+        "memory.tiled_norms.", limits=(1, MAX_TOKENS), default=4096)
+
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    return NORMS.apply(model, setting.options.memory.norm_chunk_tokens)
+    options = read_own(TiledNormsOptions, "memory", setting.options.memory.own, NAME)
+    return NORMS.apply(model, options.norm_chunk_tokens)
 
 
 def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:
@@ -19,10 +35,10 @@ def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:
 
 
 SPEC = TechniqueSpec(
-    name="tiled norms",
+    name=NAME,
     docs_row=("sequence-tiled RMSNorm / LayerNorm (the norm keeps its input, not an fp32 "
               "copy; one chunk's fp32 work at a time, recomputed in backward)"),
-    keys=("memory.tiled_norms", "memory.norm_chunk_tokens"),
+    keys=("memory.tiled_norms", "memory.norm_chunk_tokens"), own=TiledNormsOptions,
     stage="model", enabled=lambda options: options.memory.tiled_norms,
     plan="traced: the norms run chunk by chunk on the fake tensors, as in training",
     apply=apply, check_applied=check_applied, plan_apply=apply,
