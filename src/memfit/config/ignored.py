@@ -93,11 +93,12 @@ _RULES: list[Rule] = [
 ]
 
 
-def warn_ignored_keys(config: Config, raw: Mapping[str, Any], more: Iterable[Rule] = ()
-                      ) -> None:
+def warn_ignored_keys(config: Config, raw: Mapping[str, Any], more: Iterable[Rule] = (),
+                      own_defaults: Mapping[str, Any] | None = None) -> None:
     """One IgnoredKeyWarning per key that ``raw`` (the mapping ``config`` was built
-    from) sets and ``config`` ignores, by this module's rules and ``more``."""
-    for message in ignored_keys(config, chosen_keys(config, raw), more):
+    from) sets and ``config`` ignores, by this module's rules and ``more``;
+    ``own_defaults``: the specs' own keys' defaults (chosen_keys)."""
+    for message in ignored_keys(config, chosen_keys(config, raw, own_defaults), more):
         warnings.warn(message, IgnoredKeyWarning, stacklevel=3)
 
 
@@ -116,12 +117,17 @@ def ignored_keys(config: Config, chosen: Collection[str], more: Iterable[Rule] =
     return messages
 
 
-def chosen_keys(config: Config, raw: Mapping[str, Any]) -> set[str]:
-    """The dotted keys of ``raw`` that are the user's choices (see the module docstring)."""
+def chosen_keys(config: Config, raw: Mapping[str, Any],
+                own_defaults: Mapping[str, Any] | None = None) -> set[str]:
+    """The dotted keys of ``raw`` that are the user's choices (see the module docstring).
+    A spec's own key counts as chosen in a mapping that names every key where it differs
+    from its default in ``own_defaults`` (a run's config.yaml of a version whose schema
+    still held the key names it at its default)."""
     given = set(flatten(raw))
     defaults = flatten(to_mapping(Config()))
     if not given >= defaults.keys():
         return given
+    defaults.update(own_defaults or {})
     values = flatten(to_mapping(config))
     return {key for key in given if values.get(key) != defaults.get(key)}
 

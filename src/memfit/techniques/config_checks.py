@@ -21,7 +21,7 @@ from memfit.config.schema import (
 )
 from memfit.config.validate import validate
 from memfit.techniques.distribution import strategy_refusal
-from memfit.techniques.ignored_rules import optimizer_rules, technique_rules
+from memfit.techniques.ignored_rules import optimizer_rules, own_key_defaults, technique_rules
 from memfit.techniques.optimizers.options import own_options
 from memfit.techniques.optimizers.registry import SPECS, spec_for
 from memfit.techniques.optimizers.setting import OptimizerSetting
@@ -38,7 +38,8 @@ def from_mapping(raw: dict[str, Any] | None) -> Config:
     check_own_keys(config.optimizer, config.memory, optimizer)
     validate(config)
     check_with_specs(config)
-    warn_ignored_keys(config, raw or {}, [*optimizer_rules(config.optimizer), *technique_rules()])
+    warn_ignored_keys(config, raw or {}, [*optimizer_rules(config.optimizer), *technique_rules()],
+                      own_key_defaults())
     return config
 
 

@@ -6,13 +6,14 @@ name."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from memfit.config.fields import is_own_keys
 from memfit.config.ignored import Rule
 from memfit.config.schema import OptimizerConfig
 from memfit.techniques.optimizers.options import SHARED_KEYS
 from memfit.techniques.optimizers.registry import SPECS, spec_for
-from memfit.techniques.own_keys import names
+from memfit.techniques.own_keys import defaults, names
 from memfit.techniques.registry import TECHNIQUES
 
 
@@ -38,6 +39,14 @@ def optimizer_rules(optimizer: OptimizerConfig) -> list[Rule]:
 def technique_rules() -> list[Rule]:
     """Every technique spec's own rules."""
     return [rule for technique in TECHNIQUES for rule in technique.ignored]
+
+
+def own_key_defaults() -> dict[str, Any]:
+    """Every own key an optimizer or a technique declares, dotted, with its default."""
+    return {f"{section}.{key}": value
+            for section, blocks in (("optimizer", [spec.own for spec in SPECS.values()]),
+                                    ("memory", [spec.own for spec in TECHNIQUES]))
+            for block in blocks for key, value in defaults(block).items()}
 
 
 def _pattern(field: dataclasses.Field) -> str:

@@ -96,3 +96,18 @@ def test_image_classification_combinations_are_one_line_errors(model, data, mess
     source = {} if "path" in model or "factory" in model else {"preset": "conv-classifier"}
     with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("]", r"\]")):
         from_mapping({"model": {**source, **model}, "data": {"path": "train", **data}})
+
+
+def test_a_complete_mapping_naming_own_keys_at_their_defaults_chooses_none_of_them():
+    # A config.yaml written while the chunk sizes were schema keys names them at their
+    # defaults; now the specs' own keys, they are not choices the rest ignores on --resume.
+    written = to_mapping(from_mapping(BASE))
+    written["memory"].update(loss_chunk_tokens=1024, mlp_chunk_tokens=4096,
+                             norm_chunk_tokens=4096)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        from_mapping(written)
+    assert not [w for w in caught if issubclass(w.category, IgnoredKeyWarning)]
+    written["memory"]["mlp_chunk_tokens"] = 512  # a value of the user's is still named
+    with pytest.warns(IgnoredKeyWarning, match="memory.mlp_chunk_tokens=512 is ignored"):
+        from_mapping(written)
