@@ -26,7 +26,7 @@ from memfit.techniques.optimizers.options import own_options
 from memfit.techniques.optimizers.registry import SPECS, spec_for
 from memfit.techniques.optimizers.setting import OptimizerSetting
 from memfit.techniques.optimizers.spec import OptimizerSpec
-from memfit.techniques.own_keys import check_declared, read_own
+from memfit.techniques.own_keys import check_declared, technique_options
 from memfit.techniques.registry import TECHNIQUES
 
 
@@ -61,7 +61,7 @@ def check_own_keys(optimizer: OptimizerConfig, memory: MemoryConfig, named: Opti
     check_declared("memory", MemoryConfig, memory.own, [spec.own for spec in TECHNIQUES])
     for spec in TECHNIQUES:
         if spec.own is not None:
-            read_own(spec.own, "memory", memory.own, spec.name)
+            technique_options(spec.own, memory, spec.name)
 
 
 def check_with_specs(config: Config) -> None:

@@ -18,6 +18,7 @@ from memfit._utils.errors import ConfigError
 from memfit.config.fields import is_own_keys
 from memfit.config.load import convert_value, unknown_key_message
 from memfit.config.reference import KeyDoc, key_docs
+from memfit.config.schema import MemoryConfig
 
 Block = TypeVar("Block")
 
@@ -50,6 +51,12 @@ def read_own(block: type[Block], section: str, given: Mapping[str, Any], owner: 
                                   f"{owner})")
         values[entry.name] = value
     return block(**values)
+
+
+def technique_options(block: type[Block], memory: MemoryConfig, owner: str) -> Block:
+    """A technique spec's own block (``TechniqueSpec.own``) as memory.* sets it; ``owner``:
+    the technique's name, for messages."""
+    return read_own(block, "memory", memory.own, owner)
 
 
 def check_declared(section: str, section_class: type, given: Iterable[str],

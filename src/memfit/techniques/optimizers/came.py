@@ -47,8 +47,9 @@ def _cost(param: Param, setting: OptimizerSetting) -> ParamCost:
     if len(shape) < 2:
         return ParamCost(2 * param.nbytes, param.nbytes, param.nbytes)
     rows, columns = numel // shape[-1], numel // shape[-2]
-    return ParamCost(param.nbytes + 2 * (rows + columns) * size,
-                     param.nbytes + 2 * (rows + columns) * size, param.nbytes)
+    # The moment and two (rows, columns) pairs; the scratch, one tensor and their temporaries
+    moment_and_means = param.nbytes + 2 * (rows + columns) * size
+    return ParamCost(moment_and_means, moment_and_means, param.nbytes)
 
 
 def _fsdp_refusal(setting: OptimizerSetting) -> str | None:

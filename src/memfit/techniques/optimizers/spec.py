@@ -111,7 +111,7 @@ class OptimizerSpec:
     options: Mapping[str, Any] = field(default_factory=dict)
     # Its own keys, which no shared optimizer.* key covers: a frozen dataclass of doc()
     # fields (default, limits, help), written as optimizer.<key>; docs/config.md and
-    # --help list them, the load checks them, ``own_options.read_own`` reads them.
+    # --help list them, the load checks them, ``options.own_options`` reads them.
     own: type | None = None
     # Keys its own settings make ignored: config/ignored.py's rules, applied when it is the
     # optimizer named.

@@ -13,7 +13,7 @@ from memfit.config.ignored import Rule
 from memfit.config.limits import MAX_TOKENS
 from memfit.config.schema import MemoryConfig
 from memfit.techniques import chunked_loss
-from memfit.techniques.own_keys import read_own
+from memfit.techniques.own_keys import technique_options
 from memfit.techniques.specs.spec import TechniqueOptions, TechniqueSpec
 
 NAME = "chunked loss"
@@ -31,7 +31,7 @@ def chunk_tokens(memory: MemoryConfig) -> int | None:
     """Tokens per chunk of the loss with memory.chunked_loss; None without it."""
     if not memory.chunked_loss:
         return None
-    return read_own(ChunkedLossOptions, "memory", memory.own, NAME).loss_chunk_tokens
+    return technique_options(ChunkedLossOptions, memory, NAME).loss_chunk_tokens
 
 
 def check_applied(model: nn.Module, options: TechniqueOptions) -> list[str]:

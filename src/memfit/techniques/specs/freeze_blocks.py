@@ -16,7 +16,7 @@ from memfit.config.ignored import Rule
 from memfit.config.limits import MAX_RANK
 from memfit.config.schema import AdapterKind, MemoryConfig
 from memfit.techniques import blocks, frozen_blocks
-from memfit.techniques.own_keys import read_own
+from memfit.techniques.own_keys import technique_options
 from memfit.techniques.specs.spec import BlockRule, Setting, TechniqueOptions, TechniqueSpec
 
 NAME = "frozen first blocks"
@@ -38,7 +38,7 @@ class FreezeBlocksOptions:
 
 
 def _count(memory: MemoryConfig) -> int | None:
-    return read_own(FreezeBlocksOptions, "memory", memory.own, NAME).freeze_blocks
+    return technique_options(FreezeBlocksOptions, memory, NAME).freeze_blocks
 
 
 def _enabled(options: TechniqueOptions) -> bool:

@@ -111,7 +111,7 @@ class TechniqueSpec:
     level: PlanLevel | None = None
     plan_methods: tuple[PlanMethod, ...] = ()
     # Its own keys (techniques/own_keys.py): a frozen dataclass of doc() fields written as
-    # memory.<key>, read with ``own_keys.read_own(Block, "memory", memory.own, name)``;
+    # memory.<key>, read with ``own_keys.technique_options(Block, memory, name)``;
     # docs/config.md, --help and the load's checks take them from here.
     own: type | None = None
     # Where it acts on some blocks only (the first N): which, for the planner.

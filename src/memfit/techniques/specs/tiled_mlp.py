@@ -10,7 +10,7 @@ from torch import nn
 from memfit.config.fields import doc
 from memfit.config.ignored import Rule
 from memfit.config.limits import MAX_TOKENS
-from memfit.techniques.own_keys import read_own
+from memfit.techniques.own_keys import technique_options
 from memfit.techniques.specs.spec import Setting, TechniqueOptions, TechniqueSpec
 from memfit.techniques.tiled_mlp import MLPS
 
@@ -26,7 +26,7 @@ class TiledMlpOptions:
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    options = read_own(TiledMlpOptions, "memory", setting.options.memory.own, NAME)
+    options = technique_options(TiledMlpOptions, setting.options.memory, NAME)
     return MLPS.apply(model, options.mlp_chunk_tokens)
 
 

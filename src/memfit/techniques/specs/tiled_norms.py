@@ -10,7 +10,7 @@ from torch import nn
 from memfit.config.fields import doc
 from memfit.config.ignored import Rule
 from memfit.config.limits import MAX_TOKENS
-from memfit.techniques.own_keys import read_own
+from memfit.techniques.own_keys import technique_options
 from memfit.techniques.specs.spec import Setting, TechniqueOptions, TechniqueSpec
 from memfit.techniques.tiled_norms import NORMS
 
@@ -25,7 +25,7 @@ class TiledNormsOptions:
 
 
 def apply(model: nn.Module, setting: Setting) -> nn.Module:
-    options = read_own(TiledNormsOptions, "memory", setting.options.memory.own, NAME)
+    options = technique_options(TiledNormsOptions, setting.options.memory, NAME)
     return NORMS.apply(model, options.norm_chunk_tokens)
 
 
